@@ -1,0 +1,36 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+BUILD_DIR ?= build
+BUILD_TYPE ?= Release
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all bootstrap configure build test serve bench format clean
+
+all: build
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+configure: bootstrap
+	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS); \
+	fi
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	@ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+serve: build
+	@$(BUILD_DIR)/pagellm serve $(ARGS)
+
+bench: build
+	@$(BUILD_DIR)/bench/pagellm_kv_memory_report
+	@$(BUILD_DIR)/bench/pagellm_paging_bench
+
+format:
+	@git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
+
+clean:
+	@rm -rf $(BUILD_DIR)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pagellm needs to build and test, only those missing.
+# Safe to run again: when everything is present it does nothing.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ make pkg-config
+  libxxhash-dev          # prefix-cache block hashes
+  libpcre2-dev           # tokenizer pre-tokenizer regexes (JIT)
+  libutf8proc-dev        # tokenizer NFC normalization
+  nlohmann-json3-dev     # JSON: tokenizer.json, configs, the OpenAI protocol
+  libcpp-httplib-dev     # HTTP server and client
+  libspdlog-dev libfmt-dev
+  libopenblas-dev        # CPU matmuls
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "bootstrap: installing ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "bootstrap: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

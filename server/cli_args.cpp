@@ -1,0 +1,48 @@
+#include "server/cli_args.h"
+
+namespace pagellm::cli {
+
+ArgReader::ArgReader(Args args, std::set<std::string> options, std::set<std::string> flags) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string arg(args[i]);
+    if (arg == "--help" || arg == "-h") {
+      help_ = true;
+      continue;
+    }
+    if (arg.size() < 2 || arg.compare(0, 2, "--") != 0) {
+      positional_.push_back(arg);
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    if (options.count(name)) {
+      if (eq != std::string::npos) {
+        values_[name] = arg.substr(eq + 1);
+      } else if (i + 1 < args.size()) {
+        values_[name] = std::string(args[++i]);
+      } else {
+        throw UsageError("option " + name + " needs a value");
+      }
+    } else if (flags.count(name) && eq == std::string::npos) {
+      set_flags_.insert(name);
+    } else if (flags.count(name)) {
+      throw UsageError("flag " + name + " takes no value");
+    } else {
+      throw UsageError("unknown option " + name);
+    }
+  }
+}
+
+std::optional<std::string> ArgReader::option(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string ArgReader::required_option(const std::string& name) const {
+  auto value = option(name);
+  if (!value) throw UsageError("missing required option " + name);
+  return *value;
+}
+
+}  // namespace pagellm::cli
