@@ -12,7 +12,8 @@ BlockPool::BlockPool(int32_t num_blocks) {
   cached_.assign(num_blocks, 0);
   prev_.assign(num_blocks, kNoBlock);
   next_.assign(num_blocks, kNoBlock);
-  for (BlockId b = 0; b < num_blocks; ++b) push_back(free_, b);
+  for (BlockId b = 0; b < num_blocks; ++b)
+    push_back(free_, b);
 }
 
 void BlockPool::check_id(BlockId block, const char* what) const {
@@ -131,7 +132,8 @@ BlockState BlockPool::state(BlockId block) const {
 std::vector<BlockId> BlockPool::cached_free_lru_order() const {
   std::vector<BlockId> order;
   order.reserve(cached_free_.size);
-  for (BlockId b = cached_free_.head; b != kNoBlock; b = next_[b]) order.push_back(b);
+  for (BlockId b = cached_free_.head; b != kNoBlock; b = next_[b])
+    order.push_back(b);
   return order;
 }
 
