@@ -1,0 +1,233 @@
+#include "engine/normalizer.h"
+
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "engine/byte_level.h"
+#include "engine/regex.h"
+#include "engine/utf8.h"
+
+namespace pagellm::engine {
+
+bool byte_level::decode(std::string_view text, std::string& out) {
+  const Tables& t = tables();
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const char32_t c = utf8::next_codepoint(text, pos);
+    if (c >= t.char_to_byte.size() || t.char_to_byte[c] < 0) return false;
+    out.push_back(static_cast<char>(t.char_to_byte[c]));
+  }
+  return true;
+}
+
+namespace {
+
+using nlohmann::json;
+
+class UnicodeNormalizer : public Normalizer {
+ public:
+  UnicodeNormalizer(utf8proc_option_t options, bool nfc) : options_(options), nfc_(nfc) {}
+  void normalize(std::string& text) const override {
+    // ASCII is stable under every form, and below U+0300 NFC changes nothing (no
+    // combining marks): most text needs no work.
+    const unsigned char limit = nfc_ ? 0xCC : 0x80;
+    bool unchanged = true;
+    for (unsigned char c : text) {
+      if (c >= limit) {
+        unchanged = false;
+        break;
+      }
+    }
+    if (unchanged) return;
+    utf8proc_uint8_t* out = nullptr;
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                     static_cast<utf8proc_ssize_t>(text.size()), &out, options_);
+    if (n < 0) return;  // input is valid UTF-8 by now; keep it unchanged if utf8proc disagrees
+    text.assign(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+    std::free(out);
+  }
+
+ private:
+  utf8proc_option_t options_;
+  bool nfc_;
+};
+
+class LowercaseNormalizer : public Normalizer {
+ public:
+  void normalize(std::string& text) const override {
+    std::string out;
+    out.reserve(text.size());
+    size_t pos = 0;
+    while (pos < text.size()) {
+      utf8::append_codepoint(out,
+                             static_cast<char32_t>(utf8proc_tolower(
+                                 static_cast<utf8proc_int32_t>(utf8::next_codepoint(text, pos)))));
+    }
+    text = std::move(out);
+  }
+};
+
+class PrependNormalizer : public Normalizer {
+ public:
+  explicit PrependNormalizer(std::string prefix) : prefix_(std::move(prefix)) {}
+  void normalize(std::string& text) const override {
+    if (!text.empty()) text.insert(0, prefix_);
+  }
+
+ private:
+  std::string prefix_;
+};
+
+class ReplaceNormalizer : public Normalizer {
+ public:
+  ReplaceNormalizer(Pattern pattern, std::string content)
+      : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  void normalize(std::string& text) const override { text = replace_all(text, pattern_, content_); }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+class StripNormalizer : public Normalizer {
+ public:
+  StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
+  void normalize(std::string& text) const override {
+    size_t begin = 0, end = text.size();
+    if (left_) {
+      while (begin < end) {
+        size_t pos = begin;
+        if (!utf8::is_whitespace(utf8::next_codepoint(text, pos))) break;
+        begin = pos;
+      }
+    }
+    if (right_) {
+      while (end > begin) {
+        size_t start = end - 1;
+        while (start > begin && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80)
+          --start;
+        size_t pos = start;
+        if (!utf8::is_whitespace(utf8::next_codepoint(text, pos))) break;
+        end = start;
+      }
+    }
+    text = text.substr(begin, end - begin);
+  }
+
+ private:
+  bool left_, right_;
+};
+
+class SequenceNormalizer : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps)
+      : steps_(std::move(steps)) {}
+  void normalize(std::string& text) const override {
+    for (const auto& step : steps_)
+      step->normalize(text);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> steps_;
+};
+
+}  // namespace
+
+Pattern make_pattern(const json& spec, const std::string& where, const SpecReader& reader) {
+  Pattern out;
+  if (!spec.is_object()) reader.fail(where, "expected {\"String\": ...} or {\"Regex\": ...}");
+  if (auto it = spec.find("String"); it != spec.end() && it->is_string()) {
+    out.literal = it->get<std::string>();
+    if (out.literal.empty()) reader.fail(where + ".String", "empty pattern");
+    return out;
+  }
+  if (auto it = spec.find("Regex"); it != spec.end() && it->is_string()) {
+    try {
+      out.regex = std::make_shared<const Regex>(it->get<std::string>());
+    } catch (const RegexError& e) {
+      reader.fail(where + ".Regex", e.what());
+    }
+    return out;
+  }
+  reader.fail(where, "expected {\"String\": ...} or {\"Regex\": ...}");
+}
+
+std::string replace_all(const std::string& text, const Pattern& pattern,
+                        const std::string& content) {
+  std::string out;
+  if (pattern.regex) {
+    std::vector<std::pair<size_t, size_t>> matches;
+    pattern.regex->find_all(text, matches);
+    if (matches.empty()) return text;
+    size_t prev = 0;
+    for (auto [start, end] : matches) {
+      out.append(text, prev, start - prev);
+      out += content;
+      prev = end;
+    }
+    out.append(text, prev, std::string::npos);
+    return out;
+  }
+  size_t prev = 0;
+  size_t found = text.find(pattern.literal);
+  if (found == std::string::npos) return text;
+  while (found != std::string::npos) {
+    out.append(text, prev, found - prev);
+    out += content;
+    prev = found + pattern.literal.size();
+    found = text.find(pattern.literal, prev);
+  }
+  out.append(text, prev, std::string::npos);
+  return out;
+}
+
+std::unique_ptr<Normalizer> make_normalizer(const json& spec, const std::string& where,
+                                            const SpecReader& reader) {
+  if (spec.is_null()) return nullptr;
+  const std::string type = reader.type_of(spec, where);
+  if (type == "NFC")
+    return std::make_unique<UnicodeNormalizer>(
+        static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE), true);
+  if (type == "NFD")
+    return std::make_unique<UnicodeNormalizer>(
+        static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE), false);
+  if (type == "NFKC")
+    return std::make_unique<UnicodeNormalizer>(
+        static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT),
+        false);
+  if (type == "NFKD")
+    return std::make_unique<UnicodeNormalizer>(
+        static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT),
+        false);
+  if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
+  if (type == "Prepend") {
+    return std::make_unique<PrependNormalizer>(reader.string_field(spec, where, "prepend"));
+  }
+  if (type == "Replace") {
+    Pattern pattern =
+        make_pattern(reader.require(spec, where, "pattern"), where + ".pattern", reader);
+    return std::make_unique<ReplaceNormalizer>(std::move(pattern),
+                                               reader.string_field(spec, where, "content"));
+  }
+  if (type == "Strip") {
+    return std::make_unique<StripNormalizer>(reader.bool_or(spec, where, "strip_left", true),
+                                             reader.bool_or(spec, where, "strip_right", true));
+  }
+  if (type == "Sequence") {
+    const json& list = reader.require(spec, where, "normalizers");
+    if (!list.is_array()) reader.fail(where + ".normalizers", "expected a list");
+    std::vector<std::unique_ptr<Normalizer>> steps;
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto step =
+          make_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]", reader);
+      if (step) steps.push_back(std::move(step));
+    }
+    return std::make_unique<SequenceNormalizer>(std::move(steps));
+  }
+  reader.fail(where + ".type", "unsupported normalizer '" + type + "'");
+}
+
+}  // namespace pagellm::engine
