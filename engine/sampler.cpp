@@ -1,0 +1,170 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace pagellm::engine {
+namespace {
+
+int32_t argmax(std::span<const float> v) {
+  // First maximum on ties, like torch.argmax on CPU; NaN never wins.
+  int32_t best = 0;
+  float best_value = -std::numeric_limits<float>::infinity();
+  bool found = false;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!found || v[i] > best_value) {
+      if (std::isnan(v[i])) continue;
+      best = static_cast<int32_t>(i);
+      best_value = v[i];
+      found = true;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+void log_softmax(std::span<const float> logits, std::vector<float>& out) {
+  out.resize(logits.size());
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (float x : logits)
+    max_logit = std::max(max_logit, x);
+  double sum = 0.0;
+  for (float x : logits)
+    sum += std::exp(static_cast<double>(x) - max_logit);
+  const double log_sum = std::log(sum) + max_logit;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    out[i] = static_cast<float>(static_cast<double>(logits[i]) - log_sum);
+  }
+}
+
+Sampler::Sampler(const scheduler::SamplingParams& params, std::span<const int32_t> prompt,
+                 uint64_t seed)
+    : params_(params), rng_(params.seed.value_or(seed)) {
+  if (params_.repetition_penalty != 1.0f) prompt_tokens_.insert(prompt.begin(), prompt.end());
+}
+
+void Sampler::observe(int32_t token) {
+  ++output_counts_[token];
+}
+
+void Sampler::apply_penalties(std::vector<float>& logits) const {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
+  if (params_.repetition_penalty != 1.0f) {
+    const float r = params_.repetition_penalty;
+    auto penalize = [&](int32_t t) {
+      if (!in_vocab(t)) return;
+      logits[t] = logits[t] > 0 ? logits[t] / r : logits[t] * r;
+    };
+    for (int32_t t : prompt_tokens_)
+      penalize(t);
+    for (const auto& [t, count] : output_counts_) {
+      if (!prompt_tokens_.count(t)) penalize(t);
+    }
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    for (const auto& [t, count] : output_counts_) {
+      if (!in_vocab(t)) continue;
+      logits[t] -= params_.presence_penalty + params_.frequency_penalty * count;
+    }
+  }
+}
+
+int32_t Sampler::draw(std::vector<float>& logits) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  // Candidates in a deterministic order: most likely first, ties by token id.
+  const float inv_t = 1.0f / params_.temperature;
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (float& x : logits) {
+    x *= inv_t;
+    max_logit = std::max(max_logit, x);
+  }
+  // Probabilities up to a common factor.
+  for (float& x : logits)
+    x = std::exp(x - max_logit);
+
+  order_.resize(vocab);
+  std::iota(order_.begin(), order_.end(), 0);
+  auto more_likely = [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
+  int32_t count = vocab;
+  if (params_.min_p > 0.0f) {
+    // The largest weight is exp(0) = 1, so the threshold is min_p itself.
+    const float threshold = params_.min_p;
+    count = static_cast<int32_t>(std::partition(order_.begin(), order_.end(),
+                                                [&](int32_t t) { return logits[t] >= threshold; }) -
+                                 order_.begin());
+  }
+  if (params_.top_k > 0 && params_.top_k < count) {
+    std::nth_element(order_.begin(), order_.begin() + params_.top_k, order_.begin() + count,
+                     more_likely);
+    count = params_.top_k;
+  }
+  if (params_.top_p < 1.0f) {
+    // Sort a growing head of the candidates until it holds top_p of the mass.
+    double total = 0.0;
+    for (int32_t i = 0; i < count; ++i)
+      total += logits[order_[i]];
+    const double target = params_.top_p * total;
+    int32_t sorted = 0;
+    for (int32_t head = std::min(count, 64);; head = std::min(count, head * 4)) {
+      std::partial_sort(order_.begin() + sorted, order_.begin() + head, order_.begin() + count,
+                        more_likely);
+      sorted = head;
+      double mass = 0.0;
+      int32_t keep = 0;
+      while (keep < sorted && mass < target)
+        mass += logits[order_[keep++]];
+      if (mass >= target || sorted == count) {
+        count = std::max(keep, 1);
+        break;
+      }
+    }
+  } else {
+    std::sort(order_.begin(), order_.begin() + count, more_likely);
+  }
+  double total = 0.0;
+  for (int32_t i = 0; i < count; ++i)
+    total += logits[order_[i]];
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) * total;
+  double cumulative = 0.0;
+  for (int32_t i = 0; i < count; ++i) {
+    cumulative += logits[order_[i]];
+    if (u < cumulative) return order_[i];
+  }
+  return order_[count - 1];
+}
+
+SampledToken Sampler::sample(std::span<const float> logits) {
+  SampledToken out;
+  scratch_.assign(logits.begin(), logits.end());
+  apply_penalties(scratch_);
+  if (params_.greedy()) {
+    out.token = argmax(scratch_);
+  } else {
+    out.token = draw(scratch_);
+  }
+  if (params_.logprobs || params_.top_logprobs > 0) {
+    std::vector<float> lp;
+    log_softmax(logits, lp);
+    out.logprob = lp[out.token];
+    const int32_t k = std::min<int32_t>(params_.top_logprobs, static_cast<int32_t>(lp.size()));
+    if (k > 0) {
+      std::vector<int32_t> ids(lp.size());
+      std::iota(ids.begin(), ids.end(), 0);
+      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+        return lp[a] != lp[b] ? lp[a] > lp[b] : a < b;
+      });
+      for (int32_t i = 0; i < k; ++i)
+        out.top.push_back({ids[i], lp[ids[i]]});
+    }
+  }
+  observe(out.token);
+  return out;
+}
+
+}  // namespace pagellm::engine

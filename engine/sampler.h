@@ -1,0 +1,61 @@
+#pragma once
+// Sampler: turns one sequence's logits into its next token, as the request asked.
+//
+// Order of operations (as vLLM does it): penalties on the raw logits (repetition over
+// prompt and output; presence and frequency over output), then greedy argmax, or
+// temperature, min-p, top-k and top-p followed by a seeded draw. Reported logprobs are
+// those of the model's own distribution (log-softmax of the raw logits), so they do not
+// change with the sampling settings.
+//
+// One Sampler per sequence: it holds the request's random generator (same seed, same
+// tokens) and the token counts the penalties need.
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "scheduler/sampling_params.h"
+
+namespace pagellm::engine {
+
+struct TokenLogprob {
+  int32_t token;
+  float logprob;
+};
+
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.0f;           // set when params.logprobs
+  std::vector<TokenLogprob> top;  // params.top_logprobs entries, most likely first
+};
+
+class Sampler {
+ public:
+  // `seed` is used when the params carry none (the engine draws it per request).
+  Sampler(const scheduler::SamplingParams& params, std::span<const int32_t> prompt, uint64_t seed);
+
+  // Chooses the next token from `logits` ([vocab]) and records it for the penalties.
+  SampledToken sample(std::span<const float> logits);
+
+  // Records a token chosen elsewhere (e.g. replayed after preemption) for the penalties.
+  void observe(int32_t token);
+
+ private:
+  void apply_penalties(std::vector<float>& logits) const;
+  int32_t draw(std::vector<float>& logits);
+
+  scheduler::SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::unordered_set<int32_t> prompt_tokens_;
+  std::unordered_map<int32_t, int32_t> output_counts_;
+  std::vector<float> scratch_;
+  std::vector<int32_t> order_;
+};
+
+// log-softmax of `logits` into `out` (both [vocab]), in float32 with a double sum.
+void log_softmax(std::span<const float> logits, std::vector<float>& out);
+
+}  // namespace pagellm::engine

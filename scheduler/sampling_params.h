@@ -1,0 +1,42 @@
+#pragma once
+// How one request wants its tokens chosen and when it stops: the OpenAI parameters
+// after validation, in one plain struct.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pagellm::scheduler {
+
+struct SamplingParams {
+  // Choosing: temperature 0 is greedy; then top-k (0 = off), top-p (1 = off) and min-p
+  // (0 = off) narrow the candidates before the draw.
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  // The same seed gives the same tokens; unset draws a fresh seed.
+  std::optional<uint64_t> seed;
+
+  // Penalties: repetition (Hugging Face/vLLM style, over prompt and output, 1 = off),
+  // presence and frequency (OpenAI style, over output tokens, 0 = off).
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+
+  // Log-probabilities: of each chosen token, and of the `top_logprobs` most likely.
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+
+  // Stopping.
+  int32_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop;  // stop strings (matched on the detokenized text)
+  bool ignore_eos = false;
+  int32_t n = 1;  // completions per prompt
+
+  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+};
+
+}  // namespace pagellm::scheduler

@@ -1,0 +1,157 @@
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace pagellm::engine {
+namespace {
+
+using scheduler::SamplingParams;
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  return p;
+}
+
+TEST(Sampler, GreedyTakesTheFirstLargestLogit) {
+  Sampler s(greedy(), {}, 1);
+  const std::vector<float> logits = {0.5f, 3.0f, -1.0f, 3.0f};
+  EXPECT_EQ(s.sample(logits).token, 1);
+  SamplingParams top1;
+  top1.top_k = 1;
+  Sampler k1(top1, {}, 1);
+  EXPECT_EQ(k1.sample(logits).token, 1);
+}
+
+TEST(Sampler, SameSeedSameTokensDifferentSeedDifferentTokens) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 1234;
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i)
+    logits[i] = std::sin(i * 0.37f);
+  auto run = [&](const SamplingParams& params, uint64_t fallback) {
+    Sampler s(params, {}, fallback);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 50; ++i)
+      out.push_back(s.sample(logits).token);
+    return out;
+  };
+  EXPECT_EQ(run(p, 1), run(p, 2));  // the request's seed wins over the fallback
+  SamplingParams other = p;
+  other.seed = 99;
+  EXPECT_NE(run(p, 1), run(other, 1));
+}
+
+TEST(Sampler, DrawsFollowTheSoftmax) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 7;
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  Sampler s(p, {}, 0);
+  std::map<int32_t, int> counts;
+  constexpr int kDraws = 20000;
+  for (int i = 0; i < kDraws; ++i)
+    ++counts[s.sample(logits).token];
+  // Binomial standard deviation is at most sqrt(0.25 / 20000) = 0.0035; allow 5 of them.
+  EXPECT_NEAR(counts[0] / double(kDraws), 0.5, 0.018);
+  EXPECT_NEAR(counts[1] / double(kDraws), 0.3, 0.018);
+  EXPECT_NEAR(counts[2] / double(kDraws), 0.2, 0.018);
+}
+
+TEST(Sampler, TopKTopPAndMinPRemoveUnlikelyTokens) {
+  const std::vector<float> logits = {std::log(0.45f), std::log(0.30f), std::log(0.15f),
+                                     std::log(0.06f), std::log(0.04f)};
+  auto seen = [&](SamplingParams p) {
+    p.seed = 3;
+    Sampler s(p, {}, 0);
+    std::set<int32_t> tokens;
+    for (int i = 0; i < 3000; ++i)
+      tokens.insert(s.sample(logits).token);
+    return tokens;
+  };
+  SamplingParams k;
+  k.top_k = 2;
+  EXPECT_EQ(seen(k), (std::set<int32_t>{0, 1}));
+  SamplingParams p;
+  p.top_p = 0.8f;  // 0.45 + 0.30 < 0.8 <= 0.45 + 0.30 + 0.15
+  EXPECT_EQ(seen(p), (std::set<int32_t>{0, 1, 2}));
+  SamplingParams m;
+  m.min_p = 0.2f;  // keeps p >= 0.2 * 0.45 = 0.09
+  EXPECT_EQ(seen(m), (std::set<int32_t>{0, 1, 2}));
+  SamplingParams all;
+  EXPECT_EQ(seen(all).size(), 5u);
+}
+
+TEST(Sampler, LowTemperatureSharpensHighFlattens) {
+  const std::vector<float> logits = {1.0f, 0.0f};
+  auto share_of_first = [&](float t) {
+    SamplingParams p;
+    p.temperature = t;
+    p.seed = 11;
+    Sampler s(p, {}, 0);
+    int first = 0;
+    for (int i = 0; i < 4000; ++i)
+      first += s.sample(logits).token == 0;
+    return first / 4000.0;
+  };
+  EXPECT_GT(share_of_first(0.1f), 0.99);  // e^10 : 1
+  EXPECT_NEAR(share_of_first(1.0f), 1 / (1 + std::exp(-1.0)), 0.03);
+  EXPECT_NEAR(share_of_first(100.0f), 0.5, 0.03);
+}
+
+TEST(Sampler, RepetitionPenaltyCoversPromptAndOutput) {
+  SamplingParams p = greedy();
+  p.repetition_penalty = 2.0f;
+  // Token 0 is in the prompt: 4.0 / 2 = 2.0 < 3.0, so token 1 wins.
+  Sampler s(p, std::vector<int32_t>{0}, 0);
+  EXPECT_EQ(s.sample(std::vector<float>{4.0f, 3.0f, -5.0f}).token, 1);
+  // Now 1 is in the output too: 3.0 / 2 = 1.5 < 2.0 (token 0 penalized), so 0 wins.
+  EXPECT_EQ(s.sample(std::vector<float>{4.0f, 3.0f, -5.0f}).token, 0);
+  // Negative logits are multiplied, pushing them further down.
+  SamplingParams q = greedy();
+  q.repetition_penalty = 2.0f;
+  Sampler neg(q, std::vector<int32_t>{0}, 0);
+  EXPECT_EQ(neg.sample(std::vector<float>{-1.0f, -1.5f}).token, 1);
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountOutputTokens) {
+  SamplingParams p = greedy();
+  p.frequency_penalty = 0.6f;
+  Sampler s(p, std::vector<int32_t>{1}, 0);  // prompt tokens are not penalized
+  const std::vector<float> logits = {2.0f, 1.0f};
+  EXPECT_EQ(s.sample(logits).token, 0);  // 2.0
+  EXPECT_EQ(s.sample(logits).token, 0);  // 2.0 - 0.6 = 1.4
+  EXPECT_EQ(s.sample(logits).token, 1);  // 2.0 - 1.2 = 0.8 < 1.0
+  SamplingParams q = greedy();
+  q.presence_penalty = 1.5f;
+  Sampler pres(q, {}, 0);
+  EXPECT_EQ(pres.sample(logits).token, 0);
+  EXPECT_EQ(pres.sample(logits).token, 1);  // 0.5 < 1.0
+  EXPECT_EQ(pres.sample(logits).token, 0);  // both seen once: 0.5 vs -0.5
+}
+
+TEST(Sampler, LogprobsAreTheModelsLogSoftmax) {
+  SamplingParams p = greedy();
+  p.logprobs = true;
+  p.top_logprobs = 2;
+  p.repetition_penalty = 3.0f;  // changes the choice, not the reported logprobs
+  const std::vector<float> logits = {1.0f, 2.0f, 0.0f};
+  Sampler s(p, std::vector<int32_t>{1}, 0);
+  const SampledToken t = s.sample(logits);
+  const double z = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(0.0));
+  EXPECT_EQ(t.token, 0);  // 2.0 / 3 < 1.0
+  EXPECT_NEAR(t.logprob, 1.0 - z, 1e-6);
+  ASSERT_EQ(t.top.size(), 2u);
+  EXPECT_EQ(t.top[0].token, 1);
+  EXPECT_NEAR(t.top[0].logprob, 2.0 - z, 1e-6);
+  EXPECT_EQ(t.top[1].token, 0);
+}
+
+}  // namespace
+}  // namespace pagellm::engine
