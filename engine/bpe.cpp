@@ -1,6 +1,7 @@
 #include "engine/bpe.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <functional>
 
@@ -29,18 +30,21 @@ void VocabMap::build(std::vector<std::pair<std::string, int64_t>>&& entries) {
   keys_.reserve(entries.size());
   ids_.reserve(entries.size());
   const size_t size = table_size_for(entries.size());
-  slots_.assign(size, -1);
+  slots_.assign(size, Slot{-1, 0});
   mask_ = size - 1;
   const std::hash<std::string_view> hasher;
   for (auto& [key, id] : entries) {
-    size_t i = hasher(key) & mask_;
-    while (slots_[i] >= 0 && keys_[slots_[i]] != key)
+    const size_t h = hasher(key);
+    const uint32_t tag = static_cast<uint32_t>(h >> 32);
+    size_t i = h & mask_;
+    while (slots_[i].index >= 0 && (slots_[i].tag != tag || keys_[slots_[i].index] != key)) {
       i = (i + 1) & mask_;
-    if (slots_[i] >= 0) {
-      ids_[slots_[i]] = static_cast<TokenId>(id);  // a repeated key: the last one wins
+    }
+    if (slots_[i].index >= 0) {
+      ids_[slots_[i].index] = static_cast<TokenId>(id);  // a repeated key: the last one wins
       continue;
     }
-    slots_[i] = static_cast<int32_t>(keys_.size());
+    slots_[i] = Slot{static_cast<int32_t>(keys_.size()), tag};
     keys_.push_back(std::move(key));
     ids_.push_back(static_cast<TokenId>(id));
   }
@@ -48,10 +52,12 @@ void VocabMap::build(std::vector<std::pair<std::string, int64_t>>&& entries) {
 
 std::optional<TokenId> VocabMap::find(std::string_view key) const {
   if (slots_.empty()) return std::nullopt;
-  for (size_t i = std::hash<std::string_view>()(key) & mask_;; i = (i + 1) & mask_) {
-    const int32_t slot = slots_[i];
-    if (slot < 0) return std::nullopt;
-    if (keys_[slot] == key) return ids_[slot];
+  const size_t h = std::hash<std::string_view>()(key);
+  const uint32_t tag = static_cast<uint32_t>(h >> 32);
+  for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+    const Slot slot = slots_[i];
+    if (slot.index < 0) return std::nullopt;
+    if (slot.tag == tag && keys_[slot.index] == key) return ids_[slot.index];
   }
 }
 
@@ -59,6 +65,7 @@ void MergeMap::reserve(size_t n) {
   const size_t size = table_size_for(n);
   slots_.assign(size, Slot{kEmpty, {0, 0}});
   mask_ = size - 1;
+  shift_ = 64 - std::countr_zero(size);
 }
 
 void MergeMap::insert(TokenId left, TokenId right, Merge merge) {

@@ -28,9 +28,13 @@ class VocabMap {
   const std::vector<TokenId>& ids() const { return ids_; }
 
  private:
+  struct Slot {
+    int32_t index;  // into keys_, -1 when empty
+    uint32_t tag;   // high hash bits, to skip most mismatching keys without touching them
+  };
   std::vector<std::string> keys_;
   std::vector<TokenId> ids_;
-  std::vector<int32_t> slots_;  // index into keys_, -1 when empty
+  std::vector<Slot> slots_;
   size_t mask_ = 0;
 };
 
@@ -61,9 +65,10 @@ class MergeMap {
   static uint64_t pack(TokenId a, TokenId b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
-  size_t hash(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull >> 20) & mask_; }
+  size_t hash(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull) >> shift_; }
   std::vector<Slot> slots_;
   size_t mask_ = 0;
+  int shift_ = 64;
 };
 
 class BpeModel {

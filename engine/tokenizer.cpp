@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
 
 #include "engine/tokenizer_impl.h"
 #include "engine/tokenizer_json.h"
@@ -14,12 +13,14 @@ namespace {
 using nlohmann::json;
 
 std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw TokenizerError(path.string() + ": cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw TokenizerError(path.string() + ": read error");
-  return text.str();
+  const std::streamoff size = in.tellg();
+  if (size < 0) throw TokenizerError(path.string() + ": cannot read file");
+  std::string text(static_cast<size_t>(size), '\0');
+  in.seekg(0);
+  if (!in.read(text.data(), size)) throw TokenizerError(path.string() + ": read error");
+  return text;
 }
 
 std::vector<AddedToken> parse_added_tokens(const json& doc, const SpecReader& reader) {

@@ -1,7 +1,7 @@
 #pragma once
 // Reading tokenizer.json. The file is mostly the BPE vocabulary and merge list (9 MB
-// for Llama 3); those two are streamed straight into flat vectors through the SAX
-// interface, and only the small rest becomes a JSON document.
+// for Llama 3); those two are streamed straight into flat vectors, and only the small
+// rest becomes a JSON document.
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
