@@ -41,10 +41,7 @@ Value py_split(const std::string& s, const Value& sep, const Value& maxsplit_val
         ++i;
       if (i >= u.size()) break;
       if (maxsplit == 0) {
-        size_t end = u.size();
-        while (end > i && is_python_space(u[end - 1]))
-          --end;
-        parts.emplace_back(u32_slice(u, i, end));
+        parts.emplace_back(u32_slice(u, i, u.size()));  // Python keeps the rest as it is
         break;
       }
       size_t j = i;

@@ -216,16 +216,10 @@ Value filter_round(const Value& v, CallArgs& a) {
   if (!v.is_number()) fail("round filter expects a number", a.line);
   const double scale = std::pow(10.0, static_cast<double>(precision));
   const double x = v.as_double() * scale;
-  double r;
-  if (method == "common")
-    r = std::round(x);
-  else if (method == "ceil")
-    r = std::ceil(x);
-  else if (method == "floor")
-    r = std::floor(x);
-  else
-    fail("round: method must be common, ceil or floor", a.line);
-  return r / scale;
+  if (method == "common") return std::nearbyint(x) / scale;  // Python's round(): half to even
+  if (method == "ceil") return std::ceil(x) / scale;
+  if (method == "floor") return std::floor(x) / scale;
+  fail("round: method must be common, ceil or floor", a.line);
 }
 
 // Sort key comparison honouring case_sensitive=False like jinja2's sort/unique/min/max.
@@ -322,8 +316,13 @@ Value filter_sum(const Value& v, CallArgs& a) {
   return total;
 }
 
+// jinja2's attr() reads Python attributes only: a dict's keys are not attributes.
 Value filter_attr(const Value& v, CallArgs& a) {
-  return get_attr(v, to_str(a.get(0, "name")), a.line);
+  const std::string name = to_str(a.get(0, "name"));
+  if (v.is_dict() && name != "items" && name != "keys" && name != "values" && name != "get") {
+    return Value::undefined("'dict object' has no attribute '" + name + "'");
+  }
+  return get_attr(v, name, a.line);
 }
 
 Value filter_escape(const Value& v, CallArgs&) {
