@@ -85,6 +85,9 @@ ChatTemplate parse_from(std::string source, const std::string& origin) {
 ChatTemplate load_chat_template(const std::filesystem::path& model_dir,
                                 const std::optional<std::filesystem::path>& override_path) {
   if (override_path) return parse_from(read_text_file(*override_path), override_path->string());
+  if (!std::filesystem::is_directory(model_dir)) {
+    throw ChatTemplateError("model directory " + model_dir.string() + " not found");
+  }
   TokenizerConfig config;
   try {
     config = load_tokenizer_config(model_dir);

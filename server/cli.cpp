@@ -25,7 +25,7 @@ constexpr Subcommand kSubcommands[] = {
     {"demo-model", "demo-model DIR [--preset tiny|small|bench]", nullptr},
     {"tokenize", "tokenize --model DIR [--decode] [--add-special-tokens]   (JSON lines in/out)",
      run_tokenize},
-    {"render-chat", "render-chat --model DIR                                  (JSON lines in/out)",
+    {"render-chat", "render-chat --model DIR [--chat-template FILE]           (JSON lines in/out)",
      run_render_chat},
     {"bench",
      "bench  --url URL [--concurrency N] [--num-requests N] [--request-rate R]\n"
