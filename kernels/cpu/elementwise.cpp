@@ -1,0 +1,154 @@
+// Row-wise and elementwise kernels. Each row's reductions use the 16-lane order of
+// simd.h, so a row's result depends only on that row.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
+
+namespace pagellm::kernels::cpu {
+namespace {
+
+using detail::kLanes;
+
+// out[0, dim) = table row converted to float32.
+void convert_row(const void* src, DType t, int64_t offset, int64_t dim, float* out) {
+  if (t == DType::kF32) {
+    std::memcpy(out, static_cast<const float*>(src) + offset, dim * sizeof(float));
+    return;
+  }
+#if defined(PAGELLM_KERNELS_AVX512)
+  if (detail::use_simd()) {
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      const __mmask16 m = detail::tail_mask(dim - d);
+      _mm512_mask_storeu_ps(out + d, m, detail::load16(src, t, offset + d, m));
+    }
+    return;
+  }
+#endif
+  for (int64_t d = 0; d < dim; ++d)
+    out[d] = detail::load_scalar(src, t, offset + d);
+}
+
+// out = x * (1 / sqrt(mean(x^2) + eps)) * weight for one row, as Hugging Face's
+// LlamaRMSNorm: weight * (x * rsqrt(variance + eps)).
+void rmsnorm_row(const float* x, const void* weight, DType wt, int64_t dim, float eps, float* out) {
+#if defined(PAGELLM_KERNELS_AVX512)
+  if (detail::use_simd()) {
+    const float ss = detail::lane_dot_avx512(x, x, dim);
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      const __mmask16 m = detail::tail_mask(dim - d);
+      const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + d), vinv);
+      _mm512_mask_storeu_ps(out + d, m, _mm512_mul_ps(detail::load16(weight, wt, d, m), v));
+    }
+    return;
+  }
+#endif
+  const float ss = detail::lane_dot_scalar(x, x, dim);
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+  for (int64_t d = 0; d < dim; ++d)
+    out[d] = detail::load_scalar(weight, wt, d) * (x[d] * inv);
+}
+
+}  // namespace
+
+void embedding(const int32_t* ids, int64_t num_tokens, const void* table, DType dtype,
+               int64_t hidden, float* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < num_tokens; ++t)
+    convert_row(table, dtype, static_cast<int64_t>(ids[t]) * hidden, hidden, out + t * hidden);
+}
+
+void rmsnorm(const float* x, const void* weight, DType w_dtype, int64_t rows, int64_t dim,
+             float eps, float* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    rmsnorm_row(x + r * dim, weight, w_dtype, dim, eps, out + r * dim);
+}
+
+void add_rmsnorm(float* residual, const float* x, const void* weight, DType w_dtype, int64_t rows,
+                 int64_t dim, float eps, float* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* res = residual + r * dim;
+    const float* xr = x + r * dim;
+    // The row of x is consumed before `out` is written, so out may alias x.
+    for (int64_t d = 0; d < dim; ++d)
+      res[d] = res[d] + xr[d];
+    rmsnorm_row(res, weight, w_dtype, dim, eps, out + r * dim);
+  }
+}
+
+void rope(float* q, float* k, const int32_t* positions, int64_t num_tokens, int num_q_heads,
+          int num_kv_heads, int head_dim, const float* inv_freq) {
+  const int half = head_dim / 2;
+#pragma omp parallel
+  {
+    std::vector<float> cos_t(half), sin_t(half);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      // As Hugging Face: angle = position * inv_freq in float32, then cos and sin of it.
+      const float pos = static_cast<float>(positions[t]);
+      for (int i = 0; i < half; ++i) {
+        const float angle = pos * inv_freq[i];
+        cos_t[i] = std::cos(angle);
+        sin_t[i] = std::sin(angle);
+      }
+      auto rotate = [&](float* head) {
+        for (int i = 0; i < half; ++i) {
+          const float x0 = head[i], x1 = head[i + half];
+          head[i] = x0 * cos_t[i] - x1 * sin_t[i];
+          head[i + half] = x1 * cos_t[i] + x0 * sin_t[i];
+        }
+      };
+      for (int h = 0; h < num_q_heads; ++h)
+        rotate(q + (t * num_q_heads + h) * head_dim);
+      for (int h = 0; h < num_kv_heads; ++h)
+        rotate(k + (t * num_kv_heads + h) * head_dim);
+    }
+  }
+}
+
+void silu_mul(const float* gate, const float* up, int64_t rows, int64_t dim, float* out) {
+  const int64_t total = rows * dim;
+  // Elementwise: the split over threads cannot change any value.
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < total; c += 1024) {
+    const int64_t end = std::min(total, c + 1024);
+    int64_t i = c;
+#if defined(PAGELLM_KERNELS_AVX512)
+    if (detail::use_simd()) {
+      for (; i < end; i += kLanes) {
+        const __mmask16 m = detail::tail_mask(end - i);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+      }
+    }
+#endif
+    for (; i < end; ++i) {
+      const float g = gate[i];
+      const float s = g / (1.0f + detail::exp_scalar(0.0f - g));
+      out[i] = s * up[i];
+    }
+  }
+}
+
+void argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits + r * vocab;
+    int64_t best = 0;
+    for (int64_t i = 1; i < vocab; ++i)
+      if (row[i] > row[best]) best = i;
+    out[r] = static_cast<int32_t>(best);
+  }
+}
+
+}  // namespace pagellm::kernels::cpu

@@ -1,0 +1,60 @@
+// Writes into and copies within the paged KV cache.
+
+#include <cstring>
+
+#include "kernels/cpu/kernels.h"
+
+namespace pagellm::kernels::cpu {
+namespace {
+
+// Converts one token's [num_kv_heads * head_dim] row into the cache's dtype with the
+// exact round-to-nearest-even conversions of dtype.h (which keep subnormals, unlike
+// vcvtneps2bf16).
+void store_row(const float* src, int64_t count, DType t, void* dst) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, count * sizeof(float));
+      return;
+    case DType::kBF16: {
+      auto* out = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < count; ++i)
+        out[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      auto* out = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < count; ++i)
+        out[i] = f32_to_f16(src[i]);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void write_kv(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
+              const KVCacheLayer& cache) {
+  const int64_t row = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
+  const int64_t row_bytes = row * dtype_size(cache.dtype);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    store_row(k + t * row, row, cache.dtype, static_cast<char*>(cache.k) + slot * row_bytes);
+    store_row(v + t * row, row, cache.dtype, static_cast<char*>(cache.v) + slot * row_bytes);
+  }
+}
+
+void copy_blocks(const KVCacheLayer& cache, const int32_t* src, const int32_t* dst,
+                 int64_t num_copies) {
+  const int64_t block_bytes = static_cast<int64_t>(kBlockSize) * cache.num_kv_heads *
+                              cache.head_dim * dtype_size(cache.dtype);
+  for (int64_t i = 0; i < num_copies; ++i) {
+    for (void* base : {cache.k, cache.v}) {
+      char* b = static_cast<char*>(base);
+      std::memmove(b + dst[i] * block_bytes, b + src[i] * block_bytes, block_bytes);
+    }
+  }
+}
+
+}  // namespace pagellm::kernels::cpu

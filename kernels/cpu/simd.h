@@ -1,0 +1,190 @@
+#pragma once
+// Shared building blocks of the CPU kernels, each in two forms that give the same bits:
+// an AVX-512 one and a portable scalar one. Reductions are written as 16 lane partial
+// sums followed by a fixed tree, so that both forms sum in the same order.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/dtype.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define PAGELLM_KERNELS_AVX512 1
+#endif
+
+namespace pagellm::kernels::cpu {
+
+// The kernels run their portable path when this is set (tests compare both paths); it
+// is always the path taken on machines without AVX-512.
+void set_portable_kernels(bool on);
+bool portable_kernels();
+
+namespace detail {
+
+inline constexpr int kLanes = 16;
+
+inline bool use_simd() {
+#if defined(PAGELLM_KERNELS_AVX512)
+  return !portable_kernels();
+#else
+  return false;
+#endif
+}
+
+inline float load_scalar(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0.f;
+}
+
+// Tree over 16 lanes: (l, l+8), then (l, l+4), (l, l+2), (0, 1).
+inline float tree_sum16(const float* lanes) {
+  float t8[8], t4[4], t2[2];
+  for (int l = 0; l < 8; ++l)
+    t8[l] = lanes[l] + lanes[l + 8];
+  for (int l = 0; l < 4; ++l)
+    t4[l] = t8[l] + t8[l + 4];
+  for (int l = 0; l < 2; ++l)
+    t2[l] = t4[l] + t4[l + 2];
+  return t2[0] + t2[1];
+}
+
+// exp for softmax and SiLU: Cephes' single-precision polynomial, written with explicit
+// fma so that the scalar and vector forms agree bit for bit (a few ulp from exact).
+// Inputs below -87 give 0 and inputs above 88 give +inf (both within float32's edge of
+// range: softmax only passes inputs <= 0, SiLU divides by 1 + exp(-x)).
+inline constexpr float kExpMax = 88.0f;
+inline constexpr float kExpMin = -87.0f;
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f;
+inline constexpr float kLn2Lo = -2.12194440e-4f;
+inline constexpr float kExpC[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                   4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+inline float exp_scalar(float x) {
+  const bool underflow = x < kExpMin;
+  const bool overflow = x > kExpMax;
+  x = x < kExpMax ? x : kExpMax;  // NaN becomes kExpMax, as vminps does
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpC[0];
+  for (int i = 1; i < 6; ++i)
+    p = std::fma(p, r, kExpC[i]);
+  const float r2 = r * r;
+  const float y = std::fma(p, r2, r) + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  if (overflow) return HUGE_VALF;
+  return underflow ? 0.f : y * scale;
+}
+
+#if defined(PAGELLM_KERNELS_AVX512)
+
+inline float tree_sum16(__m512 v) {
+  const __m256 lo = _mm512_castps512_ps256(v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+  return _mm_cvtss_f32(s1);
+}
+
+inline __m512 exp16(__m512 x) {
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_LT_OQ);
+  const __mmask16 overflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMax), _CMP_GT_OQ);
+  x = _mm512_min_ps(x, _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpC[0]);
+  for (int i = 1; i < 6; ++i)
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC[i]));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 e =
+      _mm512_maskz_mul_ps(static_cast<__mmask16>(~underflow), y, _mm512_castsi512_ps(bits));
+  return _mm512_mask_mov_ps(e, overflow, _mm512_set1_ps(HUGE_VALF));
+}
+
+inline __mmask16 tail_mask(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << count) - 1u);
+}
+
+// Up to 16 values of `t` starting at element i, as float32 (lanes past `mask` are 0).
+inline __m512 load16(const void* p, DType t, int64_t i, __mmask16 mask = 0xffff) {
+  switch (t) {
+    case DType::kF32:
+      return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(p) + i);
+    case DType::kF16:
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(p) + i));
+    case DType::kBF16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                                                       mask, static_cast<const uint16_t*>(p) + i)),
+                                                   16));
+  }
+  return _mm512_setzero_ps();
+}
+
+#endif  // PAGELLM_KERNELS_AVX512
+
+// Sum over lanes then tree (see above) of f(a[i]) for i in [0, n): lane l takes i = l,
+// l + 16, ... in order; `fma` form accumulates a[i] * b[i].
+inline float lane_dot_scalar(const float* a, const float* b, int64_t n) {
+  float lanes[kLanes] = {};
+  for (int64_t c = 0; c < n; c += kLanes)
+    for (int l = 0; l < kLanes && c + l < n; ++l)
+      lanes[l] = std::fma(a[c + l], b[c + l], lanes[l]);
+  return tree_sum16(lanes);
+}
+
+inline float lane_sum_scalar(const float* a, int64_t n) {
+  float lanes[kLanes] = {};
+  for (int64_t c = 0; c < n; c += kLanes)
+    for (int l = 0; l < kLanes && c + l < n; ++l)
+      lanes[l] = lanes[l] + a[c + l];
+  return tree_sum16(lanes);
+}
+
+#if defined(PAGELLM_KERNELS_AVX512)
+inline float lane_dot_avx512(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), acc);
+  if (c < n) {
+    const __mmask16 m = tail_mask(n - c);
+    acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + c), _mm512_maskz_loadu_ps(m, b + c),
+                                acc, m);
+  }
+  return tree_sum16(acc);
+}
+
+inline float lane_sum_avx512(const float* a, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    acc = _mm512_add_ps(acc, _mm512_loadu_ps(a + c));
+  if (c < n) {
+    const __mmask16 m = tail_mask(n - c);
+    acc = _mm512_mask_add_ps(acc, m, acc, _mm512_maskz_loadu_ps(m, a + c));
+  }
+  return tree_sum16(acc);
+}
+#endif
+
+}  // namespace detail
+}  // namespace pagellm::kernels::cpu

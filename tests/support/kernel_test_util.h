@@ -1,0 +1,89 @@
+#pragma once
+// Helpers shared by the CPU kernel tests: random data in each dtype, NaN-poisoned
+// outputs, bitwise comparison, and scoped switches for thread count and kernel path.
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/dtype.h"
+
+namespace pagellm::kernels::cpu::testing {
+
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> out(n);
+  for (auto& v : out)
+    v = dist(rng);
+  return out;
+}
+
+inline std::vector<float> poisoned(size_t n) {
+  return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
+}
+
+// Values stored in `t` (raw bytes), from float32 with round to nearest even.
+inline std::vector<uint8_t> encode(const std::vector<float>& v, DType t) {
+  std::vector<uint8_t> out(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else {
+      const uint16_t h = t == DType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+inline float decode_at(const void* p, DType t, int64_t i) {
+  return detail::load_scalar(p, t, i);
+}
+
+// Index of the first element whose bits differ, or -1.
+inline int64_t first_bit_difference(const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::memcmp(a + i, b + i, sizeof(float)) != 0) return i;
+  return -1;
+}
+
+#define EXPECT_BITWISE_EQ(a, b, n, what)                                                       \
+  do {                                                                                         \
+    const int64_t _i = ::pagellm::kernels::cpu::testing::first_bit_difference(a, b, n);        \
+    EXPECT_EQ(_i, -1) << (what) << ": first difference at " << _i << ": " << (a)[_i] << " vs " \
+                      << (b)[_i];                                                              \
+  } while (0)
+
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ScopedThreads() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+class ScopedPortable {
+ public:
+  explicit ScopedPortable(bool on) : saved_(portable_kernels()) { set_portable_kernels(on); }
+  ~ScopedPortable() { set_portable_kernels(saved_); }
+
+ private:
+  bool saved_;
+};
+
+inline const char* name(DType t) {
+  return dtype_name(t);
+}
+
+}  // namespace pagellm::kernels::cpu::testing

@@ -1,0 +1,444 @@
+// CPU kernels other than attention: matmul, norms, rope, SiLU, embedding, KV writes,
+// argmax. Where kernels.h promises an exact result (matmul vs matmul_reference, SIMD vs
+// portable path, thread count, a row alone vs in a batch) the test compares bits; against
+// a double-precision reference it uses a tolerance derived from float32 rounding.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <tuple>
+#include <vector>
+
+#include "support/kernel_test_util.h"
+
+namespace pagellm::kernels::cpu {
+namespace {
+
+using testing::encode;
+using testing::poisoned;
+using testing::random_floats;
+using testing::ScopedPortable;
+using testing::ScopedThreads;
+
+constexpr DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+// ---------------------------------------------------------------------------------------
+// matmul
+
+struct MatmulCase {
+  int64_t m, n, k;
+  DType t;
+  bool bias;
+};
+
+std::string describe(const MatmulCase& c) {
+  return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+         " " + dtype_name(c.t) + (c.bias ? " bias" : "");
+}
+
+struct MatmulData {
+  std::vector<float> x, bias;
+  std::vector<uint8_t> w;
+  PackedWeight packed;
+};
+
+MatmulData make_matmul(const MatmulCase& c, uint32_t seed) {
+  MatmulData d;
+  d.x = random_floats(c.m * c.k, seed);
+  d.w = encode(random_floats(c.n * c.k, seed + 1, 0.05f), c.t);
+  if (c.bias) d.bias = random_floats(c.n, seed + 2);
+  d.packed = PackedWeight(d.w.data(), c.t, c.n, c.k);
+  return d;
+}
+
+std::vector<float> run_matmul(const MatmulData& d, const MatmulCase& c, int64_t m, const float* x) {
+  std::vector<float> y = poisoned(m * c.n);
+  matmul(x, d.packed, c.bias ? d.bias.data() : nullptr, m, y.data());
+  return y;
+}
+
+TEST(CpuMatmul, PackedEqualsReferenceBitForBit) {
+  std::vector<MatmulCase> cases;
+  for (DType t : kAllTypes)
+    for (int64_t m : {1, 2, 5, 6, 7, 8, 13, 16, 32, 37, 100})
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1},
+                          {15, 7},
+                          {16, 64},
+                          {17, 33},
+                          {48, 255},
+                          {65, 300},
+                          {100, 513},
+                          {130, 768}})
+        cases.push_back({m, n, k, t, (m + n) % 2 == 0});
+  cases.push_back({200, 257, 1031, DType::kBF16, true});  // several row chunks and k-blocks
+  cases.push_back({3, 32000 / 16, 64, DType::kBF16, false});
+  uint32_t seed = 1;
+  for (const MatmulCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const MatmulData d = make_matmul(c, seed += 7);
+    std::vector<float> ref = poisoned(c.m * c.n);
+    matmul_reference(d.x.data(), d.w.data(), c.t, c.bias ? d.bias.data() : nullptr, c.m, c.n, c.k,
+                     ref.data());
+    const std::vector<float> y = run_matmul(d, c, c.m, d.x.data());
+    EXPECT_BITWISE_EQ(y.data(), ref.data(), c.m * c.n, "packed vs reference");
+    {
+      ScopedPortable portable(true);
+      const std::vector<float> yp = run_matmul(d, c, c.m, d.x.data());
+      EXPECT_BITWISE_EQ(yp.data(), ref.data(), c.m * c.n, "portable vs reference");
+    }
+    {
+      ScopedThreads one(1);
+      const std::vector<float> y1 = run_matmul(d, c, c.m, d.x.data());
+      EXPECT_BITWISE_EQ(y1.data(), y.data(), c.m * c.n, "1 thread vs default");
+    }
+  }
+}
+
+TEST(CpuMatmul, ReferenceIsCloseToExactProduct) {
+  // y[i, j] is a float32 fma chain over k terms: its error is below k * 2^-24 * sum |x w|
+  // (standard bound for recursive summation), plus the rounding of the bias add.
+  for (DType t : kAllTypes) {
+    const MatmulCase c{9, 37, 301, t, true};
+    SCOPED_TRACE(describe(c));
+    const MatmulData d = make_matmul(c, 11);
+    std::vector<float> y = run_matmul(d, c, c.m, d.x.data());
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        double exact = d.bias[j], magnitude = std::abs(d.bias[j]);
+        for (int64_t kk = 0; kk < c.k; ++kk) {
+          const double p =
+              double(d.x[i * c.k + kk]) * testing::decode_at(d.w.data(), t, j * c.k + kk);
+          exact += p;
+          magnitude += std::abs(p);
+        }
+        EXPECT_NEAR(y[i * c.n + j], exact, (c.k + 1) * 0x1p-24 * magnitude + 1e-30);
+      }
+    }
+  }
+}
+
+TEST(CpuMatmul, RowAloneEqualsRowInBatchOf37) {
+  for (DType t : kAllTypes) {
+    const MatmulCase c{37, 200, 768, t, true};
+    SCOPED_TRACE(describe(c));
+    const MatmulData d = make_matmul(c, 21);
+    const std::vector<float> batch = run_matmul(d, c, c.m, d.x.data());
+    for (int64_t i = 0; i < c.m; ++i) {
+      const std::vector<float> alone = run_matmul(d, c, 1, d.x.data() + i * c.k);
+      EXPECT_BITWISE_EQ(alone.data(), batch.data() + i * c.n, c.n, "row " + std::to_string(i));
+    }
+    // Every split of the batch into chunks gives the same rows.
+    for (int64_t chunk : {2, 5, 6, 7, 8, 16, 32}) {
+      for (int64_t r0 = 0; r0 < c.m; r0 += chunk) {
+        const int64_t rows = std::min(chunk, c.m - r0);
+        const std::vector<float> part = run_matmul(d, c, rows, d.x.data() + r0 * c.k);
+        EXPECT_BITWISE_EQ(part.data(), batch.data() + r0 * c.n, rows * c.n,
+                          "chunk " + std::to_string(chunk) + " at " + std::to_string(r0));
+      }
+    }
+  }
+}
+
+TEST(CpuMatmul, ThreadCountDoesNotChangeResults) {
+  for (int64_t m : {1, 8, 37, 150}) {
+    const MatmulCase c{m, 333, 517, DType::kBF16, true};
+    SCOPED_TRACE(describe(c));
+    const MatmulData d = make_matmul(c, 31);
+    std::vector<float> y1, y2;
+    {
+      ScopedThreads one(1);
+      y1 = run_matmul(d, c, m, d.x.data());
+    }
+    {
+      ScopedThreads two(2);
+      y2 = run_matmul(d, c, m, d.x.data());
+    }
+    {
+      ScopedThreads three(3);
+      const std::vector<float> y3 = run_matmul(d, c, m, d.x.data());
+      EXPECT_BITWISE_EQ(y3.data(), y1.data(), m * c.n, "3 threads vs 1");
+    }
+    EXPECT_BITWISE_EQ(y2.data(), y1.data(), m * c.n, "2 threads vs 1");
+  }
+}
+
+TEST(CpuMatmul, PackedWeightShape) {
+  const std::vector<uint8_t> w = encode(random_floats(17 * 5, 3), DType::kBF16);
+  const PackedWeight p(w.data(), DType::kBF16, 17, 5);
+  EXPECT_EQ(p.n(), 17);
+  EXPECT_EQ(p.k(), 5);
+  EXPECT_EQ(p.dtype(), DType::kBF16);
+  EXPECT_EQ(p.bytes(), 32 * 5 * 2);  // two panels of 16, zero padded
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data()) % 64, 0u);
+}
+
+TEST(CpuMatmul, ZeroDepthGivesBias) {
+  const std::vector<float> bias = {1.f, -2.f, 3.f};
+  const PackedWeight p(nullptr, DType::kF32, 3, 0);
+  std::vector<float> y = poisoned(6);
+  matmul(nullptr, p, bias.data(), 2, y.data());
+  EXPECT_EQ(y, (std::vector<float>{1.f, -2.f, 3.f, 1.f, -2.f, 3.f}));
+}
+
+// ---------------------------------------------------------------------------------------
+// exp (internal): the scalar and vector forms agree bit for bit and stay within a few ulp.
+
+TEST(CpuExp, ScalarAndVectorAgreeAndAreAccurate) {
+  std::vector<float> xs;
+  for (float x = -90.f; x <= 90.f; x += 0.0137f)
+    xs.push_back(x);
+  for (float x : {0.f, -0.f, 1e-30f, -1e-30f, 88.f, -87.f, 1000.f, -1000.f})
+    xs.push_back(x);
+  while (xs.size() % 16 != 0)
+    xs.push_back(0.5f);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float x = xs[i];
+    const float e = detail::exp_scalar(x);
+    if (x < -87.f) {
+      EXPECT_EQ(e, 0.f);
+    } else if (x > 88.f) {
+      EXPECT_EQ(e, HUGE_VALF);
+    } else {
+      const double exact = std::exp(double(x));
+      EXPECT_NEAR(e, exact, 4e-7 * exact) << x;
+    }
+  }
+#if defined(PAGELLM_KERNELS_AVX512)
+  for (size_t i = 0; i < xs.size(); i += 16) {
+    float out[16];
+    _mm512_storeu_ps(out, detail::exp16(_mm512_loadu_ps(xs.data() + i)));
+    for (int l = 0; l < 16; ++l) {
+      const float e = detail::exp_scalar(xs[i + l]);
+      EXPECT_EQ(std::memcmp(&out[l], &e, 4), 0) << xs[i + l];
+    }
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// rmsnorm, add_rmsnorm
+
+std::vector<double> rmsnorm_exact(const float* x, const void* w, DType t, int64_t dim, float eps) {
+  double ss = 0;
+  for (int64_t d = 0; d < dim; ++d)
+    ss += double(x[d]) * x[d];
+  const double inv = 1.0 / std::sqrt(ss / dim + eps);
+  std::vector<double> out(dim);
+  for (int64_t d = 0; d < dim; ++d)
+    out[d] = x[d] * inv * testing::decode_at(w, t, d);
+  return out;
+}
+
+TEST(CpuRmsnorm, MatchesExactAndIsRowInvariant) {
+  for (DType t : kAllTypes) {
+    for (int64_t dim : {1, 15, 16, 17, 64, 100, 768, 4099}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " dim=" + std::to_string(dim));
+      const int64_t rows = 37;
+      const std::vector<float> x = random_floats(rows * dim, dim, 3.0f);
+      const std::vector<uint8_t> w = encode(random_floats(dim, dim + 1), t);
+      std::vector<float> y = poisoned(rows * dim);
+      rmsnorm(x.data(), w.data(), t, rows, dim, 1e-6f, y.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<double> e = rmsnorm_exact(x.data() + r * dim, w.data(), t, dim, 1e-6f);
+        // Sum of squares (dim fma's), sqrt, divide and two products: a few ulp of |out|.
+        for (int64_t d = 0; d < dim; ++d)
+          ASSERT_NEAR(y[r * dim + d], e[d], (dim * 0x1p-24 + 1e-6) * std::abs(e[d]) + 1e-30);
+        std::vector<float> alone = poisoned(dim);
+        rmsnorm(x.data() + r * dim, w.data(), t, 1, dim, 1e-6f, alone.data());
+        EXPECT_BITWISE_EQ(alone.data(), y.data() + r * dim, dim, "row alone");
+      }
+      {
+        ScopedPortable portable(true);
+        std::vector<float> yp = poisoned(rows * dim);
+        rmsnorm(x.data(), w.data(), t, rows, dim, 1e-6f, yp.data());
+        EXPECT_BITWISE_EQ(yp.data(), y.data(), rows * dim, "portable");
+      }
+      {
+        ScopedThreads one(1);
+        std::vector<float> y1 = poisoned(rows * dim);
+        rmsnorm(x.data(), w.data(), t, rows, dim, 1e-6f, y1.data());
+        EXPECT_BITWISE_EQ(y1.data(), y.data(), rows * dim, "1 thread");
+      }
+      std::vector<float> in_place = x;
+      rmsnorm(in_place.data(), w.data(), t, rows, dim, 1e-6f, in_place.data());
+      EXPECT_BITWISE_EQ(in_place.data(), y.data(), rows * dim, "in place");
+    }
+  }
+}
+
+TEST(CpuRmsnorm, AddRmsnormUpdatesResidualThenNormalizes) {
+  for (DType t : kAllTypes) {
+    const int64_t rows = 7, dim = 130;
+    const std::vector<float> res0 = random_floats(rows * dim, 1), x = random_floats(rows * dim, 2);
+    const std::vector<uint8_t> w = encode(random_floats(dim, 3), t);
+    std::vector<float> res = res0, out = poisoned(rows * dim);
+    add_rmsnorm(res.data(), x.data(), w.data(), t, rows, dim, 1e-5f, out.data());
+    std::vector<float> sum(rows * dim), expected = poisoned(rows * dim);
+    for (size_t i = 0; i < sum.size(); ++i)
+      sum[i] = res0[i] + x[i];
+    rmsnorm(sum.data(), w.data(), t, rows, dim, 1e-5f, expected.data());
+    EXPECT_BITWISE_EQ(res.data(), sum.data(), rows * dim, "residual");
+    EXPECT_BITWISE_EQ(out.data(), expected.data(), rows * dim, "normed");
+    // out may alias x.
+    std::vector<float> res2 = res0, x2 = x;
+    add_rmsnorm(res2.data(), x2.data(), w.data(), t, rows, dim, 1e-5f, x2.data());
+    EXPECT_BITWISE_EQ(x2.data(), expected.data(), rows * dim, "aliased");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// rope
+
+TEST(CpuRope, MatchesRotateHalfAndDependsOnlyOnPosition) {
+  for (int head_dim : {64, 128}) {
+    const int64_t tokens = 37;
+    const int hq = 6, hk = 2;
+    std::vector<float> inv_freq(head_dim / 2);
+    for (int i = 0; i < head_dim / 2; ++i)
+      inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / head_dim));
+    std::vector<int32_t> pos(tokens);
+    for (int64_t t = 0; t < tokens; ++t)
+      pos[t] = static_cast<int32_t>((t * 977) % 5000);
+    const std::vector<float> q0 = random_floats(tokens * hq * head_dim, 1);
+    const std::vector<float> k0 = random_floats(tokens * hk * head_dim, 2);
+    std::vector<float> q = q0, k = k0;
+    rope(q.data(), k.data(), pos.data(), tokens, hq, hk, head_dim, inv_freq.data());
+    const int half = head_dim / 2;
+    auto check = [&](const std::vector<float>& in, const std::vector<float>& out, int heads) {
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int h = 0; h < heads; ++h)
+          for (int i = 0; i < half; ++i) {
+            const int64_t base = (t * heads + h) * head_dim;
+            // Angle rounded to float32 first, as Hugging Face computes it.
+            const double a = static_cast<float>(pos[t]) * inv_freq[i];
+            const double x0 = in[base + i], x1 = in[base + i + half];
+            const double tol = 4e-7 * (std::abs(x0) + std::abs(x1));
+            ASSERT_NEAR(out[base + i], x0 * std::cos(a) - x1 * std::sin(a), tol);
+            ASSERT_NEAR(out[base + i + half], x1 * std::cos(a) + x0 * std::sin(a), tol);
+          }
+    };
+    check(q0, q, hq);
+    check(k0, k, hk);
+    // Token 5 alone gives the same bits.
+    std::vector<float> q5(q0.begin() + 5 * hq * head_dim, q0.begin() + 6 * hq * head_dim);
+    std::vector<float> k5(k0.begin() + 5 * hk * head_dim, k0.begin() + 6 * hk * head_dim);
+    rope(q5.data(), k5.data(), pos.data() + 5, 1, hq, hk, head_dim, inv_freq.data());
+    EXPECT_BITWISE_EQ(q5.data(), q.data() + 5 * hq * head_dim, hq * head_dim, "q alone");
+    EXPECT_BITWISE_EQ(k5.data(), k.data() + 5 * hk * head_dim, hk * head_dim, "k alone");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// silu_mul
+
+TEST(CpuSiluMul, MatchesExactAndPortablePath) {
+  for (int64_t dim : {1, 17, 2048, 3001}) {
+    const int64_t rows = 5;
+    std::vector<float> g = random_floats(rows * dim, 1, 4.0f), u = random_floats(rows * dim, 2);
+    g[0] = -100.f;
+    if (g.size() > 3) g[1] = 100.f, g[2] = 0.f, g[3] = -0.f;
+    std::vector<float> out = poisoned(rows * dim);
+    silu_mul(g.data(), u.data(), rows, dim, out.data());
+    for (int64_t i = 0; i < rows * dim; ++i) {
+      const double e = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+      // exp within a few ulp, then an add, a divide and a multiply.
+      ASSERT_NEAR(out[i], e, 1e-6 * std::abs(e) + 1e-37) << g[i];
+    }
+    ScopedPortable portable(true);
+    std::vector<float> outp = poisoned(rows * dim);
+    silu_mul(g.data(), u.data(), rows, dim, outp.data());
+    EXPECT_BITWISE_EQ(outp.data(), out.data(), rows * dim, "portable");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// embedding, argmax
+
+TEST(CpuEmbedding, GathersAndConvertsRows) {
+  for (DType t : kAllTypes) {
+    for (int64_t hidden : {7, 64, 768}) {
+      const int64_t vocab = 50;
+      const std::vector<uint8_t> table = encode(random_floats(vocab * hidden, 5), t);
+      const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+      for (bool portable : {false, true}) {
+        ScopedPortable scoped(portable);
+        std::vector<float> out = poisoned(ids.size() * hidden);
+        embedding(ids.data(), ids.size(), table.data(), t, hidden, out.data());
+        for (size_t i = 0; i < ids.size(); ++i)
+          for (int64_t d = 0; d < hidden; ++d)
+            ASSERT_EQ(out[i * hidden + d],
+                      testing::decode_at(table.data(), t, ids[i] * hidden + d));
+      }
+    }
+  }
+}
+
+TEST(CpuArgmax, FirstMaximumPerRow) {
+  const int64_t vocab = 1001;
+  std::vector<float> logits = random_floats(3 * vocab, 9);
+  logits[0 * vocab + 500] = 50.f;
+  logits[1 * vocab + 7] = 60.f;
+  logits[1 * vocab + 900] = 60.f;  // tie: the first wins
+  logits[2 * vocab + 1000] = 70.f;
+  std::vector<int32_t> out(3, -1);
+  argmax(logits.data(), 3, vocab, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{500, 7, 1000}));
+}
+
+// ---------------------------------------------------------------------------------------
+// write_kv, copy_blocks
+
+TEST(CpuKvCache, WriteKvRoundsToNearestEvenAndSkipsNegativeSlots) {
+  for (DType t : kAllTypes) {
+    const int kvh = 2, dim = 64;
+    const int64_t num_blocks = 4, row = kvh * dim, esize = dtype_size(t);
+    std::vector<uint8_t> kc(num_blocks * kBlockSize * row * esize, 0xAB);
+    std::vector<uint8_t> vc(kc.size(), 0xCD);
+    const KVCacheLayer cache{kc.data(), vc.data(), t, num_blocks, kvh, dim};
+    const std::vector<int64_t> slots = {5, -1, 63, 16, -7};
+    std::vector<float> k = random_floats(slots.size() * row, 1),
+                       v = random_floats(slots.size() * row, 2);
+    k[0] = 1.00390625f;  // halfway between two bf16 values: rounds to even
+    k[1] = 1e-40f;       // subnormal: kept
+    write_kv(k.data(), v.data(), slots.data(), slots.size(), cache);
+    std::vector<uint8_t> ek(kc.size(), 0xAB), ev(vc.size(), 0xCD);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] < 0) continue;
+      const std::vector<float> krow(k.begin() + i * row, k.begin() + (i + 1) * row);
+      const std::vector<float> vrow(v.begin() + i * row, v.begin() + (i + 1) * row);
+      const std::vector<uint8_t> kb = encode(krow, t), vb = encode(vrow, t);
+      std::copy(kb.begin(), kb.end(), ek.begin() + slots[i] * row * esize);
+      std::copy(vb.begin(), vb.end(), ev.begin() + slots[i] * row * esize);
+    }
+    EXPECT_EQ(kc, ek) << dtype_name(t);
+    EXPECT_EQ(vc, ev) << dtype_name(t);
+    if (t == DType::kBF16) {
+      uint16_t h;
+      std::memcpy(&h, kc.data() + 5 * row * esize, 2);
+      EXPECT_EQ(h, 0x3f80);  // 1.00390625 -> 1.0 (even)
+    }
+  }
+}
+
+TEST(CpuKvCache, CopyBlocksCopiesKeysAndValues) {
+  const int kvh = 2, dim = 16;
+  const int64_t num_blocks = 5, block = kBlockSize * kvh * dim;
+  std::vector<float> kc = random_floats(num_blocks * block, 1),
+                     vc = random_floats(num_blocks * block, 2);
+  const std::vector<float> k0 = kc, v0 = vc;
+  const KVCacheLayer cache{kc.data(), vc.data(), DType::kF32, num_blocks, kvh, dim};
+  const std::vector<int32_t> src = {1, 3}, dst = {4, 0};
+  copy_blocks(cache, src.data(), dst.data(), 2);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t from = b == 4 ? 1 : b == 0 ? 3 : b;
+    for (int64_t i = 0; i < block; ++i) {
+      ASSERT_EQ(kc[b * block + i], k0[from * block + i]);
+      ASSERT_EQ(vc[b * block + i], v0[from * block + i]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagellm::kernels::cpu
