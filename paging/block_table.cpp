@@ -9,8 +9,12 @@ SlotId BlockTable::slot(int32_t token_index) const {
     throw PagingError("token " + std::to_string(token_index) + " has no slot (sequence holds " +
                       std::to_string(num_tokens_) + " tokens)");
   }
-  return static_cast<SlotId>(blocks_[token_index / kBlockSize]) * kBlockSize +
-         token_index % kBlockSize;
+  const BlockId block = blocks_[token_index / kBlockSize];
+  if (block == kNoBlock) {
+    throw PagingError("token " + std::to_string(token_index) +
+                      " is outside the attention window: its block was released");
+  }
+  return static_cast<SlotId>(block) * kBlockSize + token_index % kBlockSize;
 }
 
 void BlockTable::append_slots(int32_t begin, int32_t end, std::vector<SlotId>& out) const {
@@ -20,7 +24,9 @@ void BlockTable::append_slots(int32_t begin, int32_t end, std::vector<SlotId>& o
   }
   out.reserve(out.size() + (end - begin));
   for (int32_t i = begin; i < end; ++i) {
-    out.push_back(static_cast<SlotId>(blocks_[i / kBlockSize]) * kBlockSize + i % kBlockSize);
+    const BlockId block = blocks_[i / kBlockSize];
+    if (block == kNoBlock) slot(i);  // throws with the reason
+    out.push_back(static_cast<SlotId>(block) * kBlockSize + i % kBlockSize);
   }
 }
 

@@ -21,7 +21,8 @@ class BlockTable {
   int32_t capacity() const { return num_blocks() * kBlockSize; }
   int32_t free_slots_in_last_block() const { return capacity() - num_tokens_; }
 
-  // Slot of token `token_index`; throws PagingError when it has no slot.
+  // Slot of token `token_index`; throws PagingError when it has no slot (beyond the
+  // token count, or in a block released by a sliding window: entry kNoBlock).
   SlotId slot(int32_t token_index) const;
   // Slots of tokens [begin, end), appended to `out` (the per-step slot mapping).
   void append_slots(int32_t begin, int32_t end, std::vector<SlotId>& out) const;

@@ -1,5 +1,6 @@
 #include "paging/kv_cache_manager.h"
 
+#include <algorithm>
 #include <string>
 
 namespace pagellm::paging {
@@ -124,7 +125,6 @@ bool KVCacheManager::allocate_slots(SeqId id, int32_t num_new_tokens) {
   if (num_new_tokens < 0) throw PagingError("cannot allocate a negative number of tokens");
   if (num_new_tokens == 0) return true;
   const int32_t total = seq.table.num_tokens() + num_new_tokens;
-  check_fits_pool(total);
   // Fast path of a decode step: the token fits in the sequence's own last block.
   if (total <= seq.table.capacity() && !needs_copy_on_write(seq, num_new_tokens)) {
     seq.table.set_num_tokens(total);
@@ -132,6 +132,10 @@ bool KVCacheManager::allocate_slots(SeqId id, int32_t num_new_tokens) {
   }
   const bool copy = needs_copy_on_write(seq, num_new_tokens);
   const int32_t needed = blocks_for_tokens(total) - seq.table.num_blocks() + (copy ? 1 : 0);
+  // Blocks released by a sliding window do not count: such a sequence can outgrow the
+  // pool's token capacity while holding only a window's worth of blocks.
+  const int64_t held = seq.table.num_blocks() - seq.num_released_blocks + needed - (copy ? 1 : 0);
+  if (held > pool_.num_blocks()) check_fits_pool(held * kBlockSize);
   scratch_blocks_.clear();
   if (!allocate_blocks(needed, scratch_blocks_)) return false;
   size_t next = 0;
@@ -162,6 +166,11 @@ void KVCacheManager::cache_full_blocks(SeqId id, std::span<const TokenId> comput
     const auto tokens = computed_tokens.subspan(static_cast<size_t>(i) * kBlockSize, kBlockSize);
     const BlockHash h = hash_block(seq.last_hash, tokens, seq.extra_key);
     const BlockId block = seq.table.blocks()[i];
+    if (block == kNoBlock) {  // released by the sliding window: nothing to share
+      seq.last_hash = h;
+      seq.num_hashed_blocks = i + 1;
+      continue;
+    }
     // A false insert means the block is registered already (shared with a sibling) or
     // another block holds the same content; then this one simply stays private.
     if (prefix_cache_.insert(block, h, seq.last_hash, tokens, seq.extra_key)) {
@@ -172,14 +181,30 @@ void KVCacheManager::cache_full_blocks(SeqId id, std::span<const TokenId> comput
   }
 }
 
+int32_t KVCacheManager::release_blocks_before(SeqId id, int32_t first_needed_position) {
+  Sequence& seq = get(id);
+  // Keep the last block even when the window has passed it: it receives new tokens.
+  const int32_t releasable =
+      std::min(first_needed_position / kBlockSize, seq.table.num_blocks() - 1);
+  int32_t released = 0;
+  for (int32_t i = seq.num_released_blocks; i < releasable; ++i) {
+    pool_.release(seq.table.blocks()[i]);
+    seq.table.replace_block(i, kNoBlock);
+    ++released;
+  }
+  seq.num_released_blocks = std::max(seq.num_released_blocks, releasable);
+  return released;
+}
+
 void KVCacheManager::fork_sequence(SeqId parent, SeqId child) {
   const Sequence& source = get(parent);
   if (sequences_.count(child)) {
     throw PagingError("cannot fork into sequence " + std::to_string(child) + ": it already exists");
   }
   Sequence copy = source;
-  for (BlockId b : copy.table.blocks())
-    pool_.acquire(b);
+  for (BlockId b : copy.table.blocks()) {
+    if (b != kNoBlock) pool_.acquire(b);
+  }
   sequences_.emplace(child, std::move(copy));
 }
 
@@ -190,8 +215,9 @@ void KVCacheManager::free_sequence(SeqId id) {
                       ": unknown (never added, or freed already)");
   }
   const auto blocks = it->second.table.blocks();
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b)
-    pool_.release(*b);
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
+    if (*b != kNoBlock) pool_.release(*b);
+  }
   sequences_.erase(it);
 }
 

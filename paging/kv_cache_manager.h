@@ -92,6 +92,11 @@ class KVCacheManager {
   // are final: every full block among them is hashed and offered to the prefix cache.
   void cache_full_blocks(SeqId id, std::span<const TokenId> computed_tokens);
 
+  // Sliding-window attention: releases the leading blocks of `id` that hold only
+  // positions before `first_needed_position` (no later query attends to them). Their
+  // page-table entries become kNoBlock. Returns how many blocks were released.
+  int32_t release_blocks_before(SeqId id, int32_t first_needed_position);
+
   // Makes `child` a copy of `parent` sharing all its blocks (n > 1 sampling).
   void fork_sequence(SeqId parent, SeqId child);
 
@@ -119,7 +124,8 @@ class KVCacheManager {
  private:
   struct Sequence {
     BlockTable table;
-    int32_t num_hashed_blocks = 0;  // leading blocks whose hash is known
+    int32_t num_hashed_blocks = 0;    // leading blocks whose hash is known
+    int32_t num_released_blocks = 0;  // leading blocks dropped by the sliding window
     BlockHash last_hash = kRootBlockHash;
     uint64_t extra_key = 0;
   };

@@ -218,5 +218,34 @@ TEST(KVCacheManager, WithoutPrefixCachingNothingIsShared) {
   EXPECT_EQ(kv.usage().free_blocks, 8);
 }
 
+TEST(KVCacheManager, SlidingWindowReleasesBlocksNoQueryWillRead) {
+  KVCacheManager kv(8, /*enable_prefix_caching=*/false);
+  ASSERT_TRUE(kv.add_sequence(1, PrefixMatch{}, 50));  // blocks for positions 0..63
+  // The next query is at position 50; with a window of 20 it reads positions 31..50.
+  EXPECT_EQ(kv.release_blocks_before(1, 50 - 20 + 1), 1);  // block 0 (positions 0..15)
+  const BlockTable& table = kv.block_table(1);
+  EXPECT_EQ(table.blocks()[0], kNoBlock);
+  EXPECT_NE(table.blocks()[1], kNoBlock);
+  EXPECT_THROW(table.slot(15), PagingError);
+  EXPECT_NO_THROW(table.slot(16));
+  EXPECT_EQ(kv.usage().used_blocks, 3);
+  EXPECT_EQ(kv.release_blocks_before(1, 31), 0);  // idempotent
+  // Decoding goes on: the cache stops growing once the window slides.
+  for (int step = 0; step < 200; ++step) {
+    ASSERT_TRUE(kv.allocate_slots(1, 1));
+    kv.release_blocks_before(1, kv.block_table(1).num_tokens() - 20);
+    ASSERT_LE(kv.usage().used_blocks, 3);
+  }
+  kv.free_sequence(1);
+  EXPECT_EQ(kv.usage().used_blocks, 0);
+}
+
+TEST(KVCacheManager, SlidingWindowKeepsTheLastBlock) {
+  KVCacheManager kv(4, /*enable_prefix_caching=*/false);
+  ASSERT_TRUE(kv.add_sequence(1, PrefixMatch{}, 32));
+  EXPECT_EQ(kv.release_blocks_before(1, 1000), 1);
+  EXPECT_NE(kv.block_table(1).blocks()[1], kNoBlock);
+}
+
 }  // namespace
 }  // namespace pagellm::paging
