@@ -54,6 +54,12 @@ Value Value::loop(std::shared_ptr<LoopState> state) {
   return Value(Kind::Loop, std::move(state));
 }
 
+const std::string& Value::undefined_hint() const {
+  static const std::string kNoHint;
+  const auto* hint = std::get_if<SharedString>(&data_);
+  return hint != nullptr ? **hint : kNoHint;
+}
+
 int64_t Value::as_int() const {
   if (kind_ == Kind::Bool) return std::get<bool>(data_) ? 1 : 0;
   return std::get<int64_t>(data_);

@@ -57,15 +57,18 @@ class Value {
   };
 
   Value() : kind_(Kind::Undefined) {}
-  static Value undefined(std::string hint = {}) { return Value(Kind::Undefined, std::move(hint)); }
+  static Value undefined(std::string hint = {}) {
+    return Value(Kind::Undefined, std::make_shared<const std::string>(std::move(hint)));
+  }
   static Value none() { return Value(Kind::None, std::monostate{}); }
   Value(bool b) : kind_(Kind::Bool), data_(b) {}
   Value(int v) : kind_(Kind::Int), data_(int64_t{v}) {}
   Value(int64_t v) : kind_(Kind::Int), data_(v) {}
   Value(double v) : kind_(Kind::Float), data_(v) {}
-  Value(std::string s) : kind_(Kind::String), data_(std::move(s)) {}
-  Value(const char* s) : kind_(Kind::String), data_(std::string(s)) {}
-  Value(std::string_view s) : kind_(Kind::String), data_(std::string(s)) {}
+  Value(std::string s)
+      : kind_(Kind::String), data_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(const char* s) : Value(std::string(s)) {}
+  Value(std::string_view s) : Value(std::string(s)) {}
   static Value list(ValueList items);
   static Value tuple(ValueList items);
   static Value dict(Dict dict);
@@ -92,21 +95,23 @@ class Value {
   bool as_bool() const { return std::get<bool>(data_); }
   int64_t as_int() const;    // Bool and Int
   double as_double() const;  // Bool, Int and Float
-  const std::string& as_string() const { return std::get<std::string>(data_); }
+  const std::string& as_string() const { return *std::get<SharedString>(data_); }
   const ValueList& as_list() const { return *std::get<std::shared_ptr<const ValueList>>(data_); }
   const Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(data_); }
   Dict& mutable_namespace() const { return *std::get<std::shared_ptr<Dict>>(data_); }
   const Callable& as_callable() const { return *std::get<std::shared_ptr<Callable>>(data_); }
   const LoopState& as_loop() const { return *std::get<std::shared_ptr<LoopState>>(data_); }
   // Why an Undefined is undefined, as jinja2 words it ("'x' is undefined").
-  const std::string& undefined_hint() const { return std::get<std::string>(data_); }
+  const std::string& undefined_hint() const;
 
   bool truthy() const;
   // Python type names, for error messages ("str", "int", "dict", ...).
   std::string type_name() const;
 
  private:
-  using Data = std::variant<std::monostate, bool, int64_t, double, std::string,
+  // Strings are shared: templates pass message contents around by value a lot.
+  using SharedString = std::shared_ptr<const std::string>;
+  using Data = std::variant<std::monostate, bool, int64_t, double, SharedString,
                             std::shared_ptr<const ValueList>, std::shared_ptr<Dict>,
                             std::shared_ptr<Callable>, std::shared_ptr<LoopState>>;
   template <typename T>
