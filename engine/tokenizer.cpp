@@ -167,7 +167,7 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json,
   auto impl = std::make_shared<Impl>();
   impl->origin = origin;
 
-  const json& model_spec = reader.require(doc, "(top level)", "model");
+  const json& model_spec = reader.require(doc, "", "model");
   if (!model_spec.is_object()) reader.fail("model", "expected an object");
   std::string model_type = reader.string_or(model_spec, "model", "type", "");
   if (model_type.empty() && data.has_merges) model_type = "BPE";  // untagged, as HF reads it

@@ -343,6 +343,12 @@ TokenizerJson parse_tokenizer_json(std::string_view text, const std::string& ori
   return out;
 }
 
+namespace {
+std::string join_path(const std::string& where, const char* key) {
+  return where.empty() ? std::string(key) : where + "." + key;
+}
+}  // namespace
+
 void SpecReader::fail(const std::string& where, const std::string& what) const {
   throw TokenizerError(origin_ + ": field '" + where + "': " + what);
 }
@@ -351,14 +357,14 @@ const json& SpecReader::require(const json& object, const std::string& where,
                                 const char* key) const {
   if (!object.is_object()) fail(where, "expected an object");
   auto it = object.find(key);
-  if (it == object.end()) fail(where + "." + key, "missing");
+  if (it == object.end()) fail(join_path(where, key), "missing");
   return *it;
 }
 
 std::string SpecReader::string_field(const json& object, const std::string& where,
                                      const char* key) const {
   const json& value = require(object, where, key);
-  if (!value.is_string()) fail(where + "." + key, "expected a string");
+  if (!value.is_string()) fail(join_path(where, key), "expected a string");
   return value.get<std::string>();
 }
 
@@ -366,7 +372,7 @@ std::string SpecReader::string_or(const json& object, const std::string& where, 
                                   const std::string& fallback) const {
   auto it = object.find(key);
   if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_string()) fail(where + "." + key, "expected a string");
+  if (!it->is_string()) fail(join_path(where, key), "expected a string");
   return it->get<std::string>();
 }
 
@@ -374,7 +380,7 @@ bool SpecReader::bool_or(const json& object, const std::string& where, const cha
                          bool fallback) const {
   auto it = object.find(key);
   if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) fail(where + "." + key, "expected a boolean");
+  if (!it->is_boolean()) fail(join_path(where, key), "expected a boolean");
   return it->get<bool>();
 }
 
@@ -382,7 +388,7 @@ int64_t SpecReader::int_or(const json& object, const std::string& where, const c
                            int64_t fallback) const {
   auto it = object.find(key);
   if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_number_integer()) fail(where + "." + key, "expected an integer");
+  if (!it->is_number_integer()) fail(join_path(where, key), "expected an integer");
   return it->get<int64_t>();
 }
 

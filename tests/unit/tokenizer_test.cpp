@@ -1,0 +1,287 @@
+// Tokenizer against the Hugging Face reference outputs of two real tokenizers
+// (tokenizers/{llama3,qwen3}/cases.jsonl in the shared data), plus error handling.
+
+#include "engine/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "support/sentencepiece_fixture.h"
+#include "support/test_data.h"
+
+namespace pagellm::engine {
+namespace {
+
+using nlohmann::json;
+
+struct Case {
+  std::string text;
+  std::vector<TokenId> ids;
+  std::string decoded, decoded_raw;
+};
+
+std::vector<Case> load_cases(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<Case> cases;
+  std::string line;
+  while (std::getline(in, line, '\n')) {  // only \n ends a line (U+2028 may be inside)
+    if (line.empty()) continue;
+    const json c = json::parse(line);
+    cases.push_back({c.at("text").get<std::string>(), c.at("ids").get<std::vector<TokenId>>(),
+                     c.at("decoded").get<std::string>(), c.at("decoded_raw").get<std::string>()});
+  }
+  return cases;
+}
+
+// One tokenizer per model, loaded once for the whole file.
+const Tokenizer& tokenizer_for(const std::string& model) {
+  static std::map<std::string, Tokenizer> loaded;
+  auto it = loaded.find(model);
+  if (it == loaded.end()) {
+    it =
+        loaded
+            .emplace(model, Tokenizer::from_dir(*testing::shared_data_dir() / "tokenizers" / model))
+            .first;
+  }
+  return it->second;
+}
+
+class ReferenceCases : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const auto data = testing::shared_data_dir();
+    if (!data) GTEST_SKIP() << "shared test data not found (set PAGELLM_TEST_DATA)";
+    cases_ = load_cases(*data / "tokenizers" / GetParam() / "cases.jsonl");
+    ASSERT_GE(cases_.size(), 70u) << "cases.jsonl is incomplete";
+  }
+  const Tokenizer& tokenizer() const { return tokenizer_for(GetParam()); }
+  std::vector<Case> cases_;
+};
+
+TEST_P(ReferenceCases, EncodeMatchesHuggingFace) {
+  for (const Case& c : cases_) {
+    EXPECT_EQ(tokenizer().encode(c.text), c.ids) << "text: " << json(c.text).dump();
+  }
+}
+
+TEST_P(ReferenceCases, DecodeMatchesHuggingFace) {
+  for (const Case& c : cases_) {
+    EXPECT_EQ(tokenizer().decode(c.ids), c.decoded) << "text: " << json(c.text).dump();
+  }
+}
+
+TEST_P(ReferenceCases, DecodeWithoutCleanupMatchesHuggingFace) {
+  for (const Case& c : cases_) {
+    EXPECT_EQ(tokenizer().decode(c.ids, false, false), c.decoded_raw)
+        << "text: " << json(c.text).dump();
+  }
+}
+
+TEST_P(ReferenceCases, InvalidUtf8IsReplacedNotRejected) {
+  const Tokenizer& tok = tokenizer();
+  // Stray continuation byte, truncated sequence, overlong form, surrogate, 0xFF.
+  const std::string inputs[] = {"a\x80z",        "a\xE2\x82z", "\xC0\xAF",
+                                "\xED\xA0\x80x", "\xFF",       "\xF0\x9F\x98"};
+  const std::string expected[] = {"a\uFFFDz", "a\uFFFDz", "\uFFFD\uFFFD", "\uFFFD\uFFFD\uFFFDx",
+                                  "\uFFFD",   "\uFFFD"};
+  for (size_t i = 0; i < std::size(inputs); ++i) {
+    EXPECT_EQ(tok.encode(inputs[i]), tok.encode(expected[i])) << "input " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ReferenceCases, ::testing::Values("llama3", "qwen3"));
+
+class RealTokenizers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::shared_data_dir())
+      GTEST_SKIP() << "shared test data not found (set PAGELLM_TEST_DATA)";
+  }
+};
+
+TEST_F(RealTokenizers, Llama3SpecialTokensAndIds) {
+  const Tokenizer& tok = tokenizer_for("llama3");
+  EXPECT_EQ(tok.vocab_size(), 128256u);
+  EXPECT_EQ(tok.bos_id(), 128000);
+  EXPECT_EQ(tok.eos_id(), 128001);
+  EXPECT_EQ(tok.token_to_id("<|eot_id|>"), 128009);
+  EXPECT_EQ(tok.id_to_token(128006), "<|start_header_id|>");
+  EXPECT_TRUE(tok.is_special(128009));
+  EXPECT_FALSE(tok.is_special(9906));
+  EXPECT_EQ(tok.encode("Hello<|eot_id|>world"), (std::vector<TokenId>{9906, 128009, 14957}));
+  // The post-processor is ByteLevel only: no BOS even when special tokens are asked for.
+  EXPECT_EQ(tok.encode("Hello", true), tok.encode("Hello", false));
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{128000, 9906, 128009}, true), "Hello");
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{9906, 999999, -1}), "Hello");  // unknown ids skipped
+}
+
+TEST_F(RealTokenizers, Qwen3AddedTokensSpecialOrNot) {
+  const Tokenizer& tok = tokenizer_for("qwen3");
+  EXPECT_EQ(tok.vocab_size(), 151669u);
+  EXPECT_FALSE(tok.bos_id().has_value());
+  EXPECT_EQ(tok.eos_id(), 151645);
+  EXPECT_EQ(tok.encode("<|im_start|>user\nhi<|im_end|>\n"),
+            (std::vector<TokenId>{151644, 872, 198, 6023, 151645, 198}));
+  const auto think = tok.encode("<think>x</think>");
+  ASSERT_EQ(think.size(), 3u);
+  EXPECT_EQ(think.front(), 151667);
+  EXPECT_EQ(think.back(), 151668);
+  EXPECT_FALSE(tok.is_special(151667));  // <think> is added but not special
+  // skip_special_tokens drops special tokens only.
+  EXPECT_EQ(tok.decode(think, true), "<think>x</think>");
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{151644, 872, 151645}, true), "user");
+}
+
+// --- SentencePiece style (synthetic tokenizer.json, see sentencepiece_fixture.h) ---
+
+Tokenizer load_sentencepiece(testing::SentencePieceStyle style,
+                             const TokenizerConfig& config = {}) {
+  const auto dir = testing::fresh_temp_dir("sp_tokenizer");
+  const auto path = testing::write_file(dir, "tokenizer.json",
+                                        testing::sentencepiece_tokenizer_json(style).dump());
+  return Tokenizer::from_file(path, config);
+}
+
+using testing::byte_token_id;
+
+TEST(SentencePieceTokenizer, LegacyNormalizerEncodesWithMergesAndByteFallback) {
+  const Tokenizer tok = load_sentencepiece(testing::SentencePieceStyle::kLegacy);
+  EXPECT_EQ(tok.vocab_size(), 278u);
+  // "▁hello▁world": merges by rank, ▁h, ll, ▁he, llo, ▁hello, or, ▁w, ▁wor, ld, ▁world.
+  EXPECT_EQ(tok.encode("hello world"), (std::vector<TokenId>{271, 276}));
+  // The post-processor template adds <s>.
+  EXPECT_EQ(tok.encode("hello world", true), (std::vector<TokenId>{1, 271, 276}));
+  // 'i' is not a piece: its byte <0x69>.
+  EXPECT_EQ(tok.encode("hi"), (std::vector<TokenId>{267, byte_token_id('i')}));
+  EXPECT_EQ(tok.encode("\xC3\xA9"), (std::vector<TokenId>{259, 277}));  // é is a piece
+  // 中 = E4 B8 AD, three byte tokens.
+  EXPECT_EQ(
+      tok.encode("\xE4\xB8\xAD"),
+      (std::vector<TokenId>{259, byte_token_id(0xE4), byte_token_id(0xB8), byte_token_id(0xAD)}));
+  EXPECT_EQ(tok.encode("  hello"), (std::vector<TokenId>{259, 259, 271}));
+  EXPECT_EQ(tok.encode(""), std::vector<TokenId>{});
+  // Text after an added token is normalized on its own, so it gets its own ▁ (as in
+  // Hugging Face's legacy Llama tokenizer).
+  EXPECT_EQ(tok.encode("<s>hello"), (std::vector<TokenId>{1, 271}));
+}
+
+TEST(SentencePieceTokenizer, MetaspacePrependsOnlyAtTheStartOfTheInput) {
+  const Tokenizer tok = load_sentencepiece(testing::SentencePieceStyle::kMetaspace);
+  EXPECT_EQ(tok.encode("hello world"), (std::vector<TokenId>{271, 276}));
+  // prepend_scheme "first": "hello" after <s> is not at offset 0, so no ▁: h e llo.
+  EXPECT_EQ(tok.encode("<s>hello"), (std::vector<TokenId>{1, 260, 261, 270}));
+}
+
+TEST(SentencePieceTokenizer, DecodeReplacesSpacesFusesBytesAndStripsOneLeadingSpace) {
+  const Tokenizer tok = load_sentencepiece(testing::SentencePieceStyle::kLegacy);
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{271, 276}), "hello world");
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{259, 259, 271}), "  hello");  // one space stripped
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{1, 271}), "<s> hello");
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{1, 271}, true), "hello");
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{259, byte_token_id(0xE4), byte_token_id(0xB8),
+                                            byte_token_id(0xAD)}),
+            "\xE4\xB8\xAD");
+  // An incomplete or invalid run of byte tokens: one U+FFFD per byte (ByteFallback).
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{byte_token_id(0xE4), byte_token_id(0xB8), 276}),
+            "\uFFFD\uFFFD world");
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{byte_token_id('A'), byte_token_id(0xFF)}),
+            "\uFFFD\uFFFD");
+}
+
+TEST(SentencePieceTokenizer, ConfigAddBosAndEosOverrideThePostProcessor) {
+  TokenizerConfig config;
+  config.bos_token = "<s>";
+  config.eos_token = "</s>";
+  config.add_bos_token = false;
+  config.add_eos_token = true;
+  const Tokenizer tok = load_sentencepiece(testing::SentencePieceStyle::kLegacy, config);
+  EXPECT_EQ(tok.bos_id(), 1);
+  EXPECT_EQ(tok.eos_id(), 2);
+  EXPECT_EQ(tok.encode("hello", true), (std::vector<TokenId>{271, 2}));
+  EXPECT_EQ(tok.encode("hello", false), (std::vector<TokenId>{271}));
+}
+
+// --- Broken files ---
+
+std::string load_error(const std::string& content) {
+  const auto dir = testing::fresh_temp_dir("bad_tokenizer");
+  const auto path = testing::write_file(dir, "tokenizer.json", content);
+  try {
+    Tokenizer::from_file(path);
+  } catch (const TokenizerError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(path.string()), std::string::npos)
+        << "message does not name the file: " << message;
+    return message;
+  }
+  ADD_FAILURE() << "loading succeeded";
+  return "";
+}
+
+json valid_spec() {
+  return testing::sentencepiece_tokenizer_json(testing::SentencePieceStyle::kLegacy);
+}
+
+TEST(TokenizerErrors, TruncatedFile) {
+  const std::string full = valid_spec().dump();
+  EXPECT_NE(load_error(full.substr(0, full.size() / 2)).find("truncated"), std::string::npos);
+  EXPECT_NE(load_error("").find("not valid JSON"), std::string::npos);
+}
+
+TEST(TokenizerErrors, UnknownModelType) {
+  json spec = valid_spec();
+  spec["model"]["type"] = "Unigram";
+  const std::string message = load_error(spec.dump());
+  EXPECT_NE(message.find("model.type"), std::string::npos) << message;
+  EXPECT_NE(message.find("Unigram"), std::string::npos) << message;
+}
+
+TEST(TokenizerErrors, MissingFields) {
+  json spec = valid_spec();
+  spec["model"].erase("vocab");
+  EXPECT_NE(load_error(spec.dump()).find("model.vocab"), std::string::npos);
+  spec = valid_spec();
+  spec.erase("model");
+  EXPECT_NE(load_error(spec.dump()).find("'model'"), std::string::npos);
+  spec = valid_spec();
+  spec["added_tokens"][1].erase("content");
+  EXPECT_NE(load_error(spec.dump()).find("added_tokens[1].content"), std::string::npos);
+  spec = valid_spec();
+  spec["decoder"]["decoders"][0].erase("pattern");
+  EXPECT_NE(load_error(spec.dump()).find("decoder.decoders[0].pattern"), std::string::npos);
+}
+
+TEST(TokenizerErrors, MalformedContent) {
+  json spec = valid_spec();
+  spec["model"]["merges"].push_back("nospace");
+  EXPECT_NE(load_error(spec.dump()).find("model.merges[10]"), std::string::npos);
+  spec = valid_spec();
+  spec["model"]["merges"].push_back("x y");
+  EXPECT_NE(load_error(spec.dump()).find("not in the vocabulary"), std::string::npos);
+  spec = valid_spec();
+  spec["pre_tokenizer"] = {{"type", "Whatever"}};
+  EXPECT_NE(load_error(spec.dump()).find("unsupported pre_tokenizer 'Whatever'"),
+            std::string::npos);
+  spec = valid_spec();
+  spec["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  EXPECT_NE(load_error(spec.dump()).find("pre_tokenizer.pattern.Regex"), std::string::npos);
+  spec = valid_spec();
+  spec["model"]["vocab"]["h"] = "not a number";
+  EXPECT_NE(load_error(spec.dump()).find("model.vocab"), std::string::npos);
+}
+
+TEST(TokenizerErrors, MissingFileAndDirectory) {
+  try {
+    Tokenizer::from_dir("/nonexistent/model");
+    FAIL() << "loading succeeded";
+  } catch (const TokenizerError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/model/tokenizer.json"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace pagellm::engine
