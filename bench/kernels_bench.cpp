@@ -1,0 +1,194 @@
+// Micro-benchmarks of the CPU kernels at the `bench` model's shapes, next to the machine's
+// memory bandwidth (the ceiling of decode, which reads every weight byte once per token).
+//   pagellm_kernels_bench [--benchmark_repetitions=5 --benchmark_report_aggregates_only=true]
+// Counters: GB/s (bytes the kernel must move, per second), GFLOP/s for matmul.
+// Weights and KV caches rotate through copies totalling more than the last-level cache,
+// so that each iteration reads from memory as a real decode step does.
+
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/kernels.h"
+
+namespace pagellm::kernels::cpu {
+namespace {
+
+constexpr int64_t kColdBytes = int64_t(512) << 20;  // working set past the L3 cache
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<char, FreeDeleter>;
+
+Buffer alloc_touched(int64_t bytes) {
+  Buffer b(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < bytes; i += 4096)
+    b.get()[i] = 1;
+  return b;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> out(n);
+  for (auto& v : out)
+    v = dist(rng);
+  return out;
+}
+
+// Copy of a large buffer, split over all threads: bytes read + bytes written per second.
+void BM_MemoryCopy(benchmark::State& state) {
+  const int64_t bytes = kColdBytes / 2;
+  Buffer src = alloc_touched(bytes), dst = alloc_touched(bytes);
+  for (auto _ : state) {
+#pragma omp parallel
+    {
+      const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t chunk = (bytes / nt + 63) / 64 * 64;
+      const int64_t begin = std::min(bytes, t * chunk), end = std::min(bytes, begin + chunk);
+      std::memcpy(dst.get() + begin, src.get() + begin, end - begin);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(2.0 * bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Sum of a large buffer: read-only bandwidth, the ceiling of m = 1 matmul.
+void BM_MemoryRead(benchmark::State& state) {
+  const int64_t bytes = kColdBytes;
+  Buffer src = alloc_touched(bytes);
+  const auto* p = reinterpret_cast<const uint64_t*>(src.get());
+  const int64_t words = bytes / 8;
+  for (auto _ : state) {
+    uint64_t total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (int64_t i = 0; i < words; ++i)
+      total += p[i];
+    benchmark::DoNotOptimize(total);
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(1.0 * bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// y = x w^T with a bf16 weight [n, k]; iterations walk through enough packed copies of the
+// weight to leave the caches.
+void BM_MatmulBF16(benchmark::State& state, int64_t n, int64_t k) {
+  const int64_t m = state.range(0);
+  const auto wf = random_floats(n * k, 1, 0.05f);
+  std::vector<uint16_t> w(n * k);
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = f32_to_bf16(wf[i]);
+  std::vector<PackedWeight> copies;
+  copies.emplace_back(w.data(), DType::kBF16, n, k);
+  const int64_t count = m >= 128 ? 1 : std::max<int64_t>(1, kColdBytes / copies[0].bytes());
+  for (int64_t c = 1; c < count; ++c)
+    copies.emplace_back(w.data(), DType::kBF16, n, k);
+  const auto x = random_floats(m * k, 2);
+  std::vector<float> y(m * n);
+  size_t next = 0;
+  for (auto _ : state) {
+    matmul(x.data(), copies[next], nullptr, m, y.data());
+    next = next + 1 == copies.size() ? 0 : next + 1;
+    benchmark::ClobberMemory();
+  }
+  const double bytes = copies[0].bytes() + 4.0 * m * (k + n);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Decode attention over a bf16 cache: each sequence's context in shuffled blocks; layers
+// rotate so that the K and V bytes come from memory.
+void BM_PagedAttentionDecode(benchmark::State& state) {
+  const int32_t batch = static_cast<int32_t>(state.range(0));
+  const int32_t ctx = static_cast<int32_t>(state.range(1));
+  const int hq = 12, hkv = 4, D = 64;
+  const int32_t blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
+  const int64_t num_blocks = int64_t(batch) * blocks_per_seq + 1;
+  const int64_t cache_bytes = num_blocks * kBlockSize * hkv * D * 2;
+  const int64_t layers = std::max<int64_t>(1, kColdBytes / (2 * cache_bytes));
+  std::vector<Buffer> k, v;
+  for (int64_t l = 0; l < layers; ++l) {
+    k.push_back(alloc_touched(cache_bytes));
+    v.push_back(alloc_touched(cache_bytes));
+    std::memset(k.back().get(), 0x3c, cache_bytes);  // bf16 0x3c3c ~ 0.0115
+    std::memset(v.back().get(), 0x3f, cache_bytes);
+  }
+  std::vector<int32_t> ids(num_blocks - 1);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int32_t>(i + 1);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(3));
+  std::vector<int32_t> starts(batch + 1), lens(batch, ctx);
+  for (int32_t s = 0; s <= batch; ++s)
+    starts[s] = s;
+  const PagedAttentionBatch b{batch, starts.data(), lens.data(), ids.data(), blocks_per_seq, 0};
+  const auto q = random_floats(int64_t(batch) * hq * D, 4);
+  std::vector<float> out(q.size());
+  int64_t next = 0;
+  for (auto _ : state) {
+    const KVCacheLayer layer{k[next].get(), v[next].get(), DType::kBF16, num_blocks, hkv, D};
+    paged_attention_decode(q.data(), layer, b, hq, 0.125f, out.data());
+    next = next + 1 == layers ? 0 : next + 1;
+    benchmark::ClobberMemory();
+  }
+  const double bytes = 2.0 * batch * ctx * hkv * D * 2;
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("BM_MemoryCopy", BM_MemoryCopy)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_MemoryRead", BM_MemoryRead)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  for (const Shape& s : {Shape{"q_768x768", 768, 768}, Shape{"kv_256x768", 256, 768},
+                         Shape{"gate_up_2048x768", 2048, 768}, Shape{"down_768x2048", 768, 2048},
+                         Shape{"lm_head_32000x768", 32000, 768}}) {
+    const int64_t n = s.n, k = s.k;
+    benchmark::RegisterBenchmark((std::string("BM_MatmulBF16/") + s.name).c_str(),
+                                 [n, k](benchmark::State& st) { BM_MatmulBF16(st, n, k); })
+        ->ArgName("m")
+        ->Arg(1)
+        ->Arg(8)
+        ->Arg(16)
+        ->Arg(32)
+        ->Arg(512)
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
+  }
+  benchmark::RegisterBenchmark("BM_PagedAttentionDecode", BM_PagedAttentionDecode)
+      ->ArgNames({"batch", "ctx"})
+      ->Args({16, 512})
+      ->Args({1, 4096})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+
+}  // namespace
+}  // namespace pagellm::kernels::cpu
+
+int main(int argc, char** argv) {
+  pagellm::kernels::cpu::register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
