@@ -191,6 +191,21 @@ TEST(SentencePieceTokenizer, DecodeReplacesSpacesFusesBytesAndStripsOneLeadingSp
             "\uFFFD\uFFFD");
 }
 
+TEST(SentencePieceTokenizer, MetaspaceDecoderDropsTheReplacementOfTheFirstTokenOnly) {
+  json spec = testing::sentencepiece_tokenizer_json(testing::SentencePieceStyle::kMetaspace);
+  spec["decoder"] = {{"type", "Metaspace"},
+                     {"replacement", testing::kSpace},
+                     {"prepend_scheme", "always"},
+                     {"split", true}};
+  const auto dir = testing::fresh_temp_dir("sp_metaspace_decoder");
+  const Tokenizer tok =
+      Tokenizer::from_file(testing::write_file(dir, "tokenizer.json", spec.dump()));
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{271, 276}), "hello world");
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{276, 271}), "world hello");
+  // Byte tokens pass through the Metaspace decoder unchanged.
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{271, byte_token_id('!')}), "hello<0x21>");
+}
+
 TEST(SentencePieceTokenizer, ConfigAddBosAndEosOverrideThePostProcessor) {
   TokenizerConfig config;
   config.bos_token = "<s>";
