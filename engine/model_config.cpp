@@ -1,0 +1,382 @@
+#include "engine/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <sstream>
+
+#include "engine/tokenizer_config.h"
+
+namespace pagellm::engine {
+namespace {
+
+using nlohmann::json;
+
+// Reads fields of one config object; every error names the file and the field.
+class FieldReader {
+ public:
+  FieldReader(const json& object, std::string origin, std::string prefix = "")
+      : object_(object), origin_(std::move(origin)), prefix_(std::move(prefix)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    throw ConfigError(origin_ + ": field '" + prefix_ + key + "' " + problem);
+  }
+
+  // nullptr when absent or null.
+  const json* find(const std::string& key) const {
+    auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  int64_t integer(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) fail(key, "is missing");
+    return as_integer(key, *v);
+  }
+  int64_t integer_or(const std::string& key, int64_t fallback) const {
+    const json* v = find(key);
+    return v ? as_integer(key, *v) : fallback;
+  }
+  std::optional<int64_t> optional_integer(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    return as_integer(key, *v);
+  }
+  double number(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) fail(key, "is missing");
+    return as_number(key, *v);
+  }
+  double number_or(const std::string& key, double fallback) const {
+    const json* v = find(key);
+    return v ? as_number(key, *v) : fallback;
+  }
+  bool boolean_or(const std::string& key, bool fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) fail(key, "must be a boolean, not " + describe(*v));
+    return v->get<bool>();
+  }
+  std::optional<std::string> optional_string(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) fail(key, "must be a string, not " + describe(*v));
+    return v->get<std::string>();
+  }
+
+  int64_t as_integer(const std::string& key, const json& v) const {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    // Some exporters write integral values as floats (2048.0).
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) {
+        return static_cast<int64_t>(d);
+      }
+    }
+    fail(key, "must be an integer, not " + describe(v));
+  }
+  double as_number(const std::string& key, const json& v) const {
+    if (!v.is_number()) fail(key, "must be a number, not " + describe(v));
+    return v.get<double>();
+  }
+
+  static std::string describe(const json& v) {
+    std::string text = v.dump();
+    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    return std::string(v.type_name()) + " " + text;
+  }
+
+ private:
+  const json& object_;
+  std::string origin_;
+  std::string prefix_;
+};
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path.string() + ": cannot open file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct ArchitectureName {
+  const char* class_name;
+  const char* model_type;
+  Architecture architecture;
+};
+constexpr ArchitectureName kArchitectures[] = {
+    {"LlamaForCausalLM", "llama", Architecture::kLlama},
+    {"MistralForCausalLM", "mistral", Architecture::kMistral},
+    {"Qwen2ForCausalLM", "qwen2", Architecture::kQwen2},
+    {"Qwen3ForCausalLM", "qwen3", Architecture::kQwen3},
+};
+
+std::string supported_list() {
+  std::string list;
+  for (const ArchitectureName& a : kArchitectures) {
+    if (!list.empty()) list += ", ";
+    list += a.class_name;
+  }
+  return list;
+}
+
+// `architectures` (a list of class names) decides; `model_type` is the fallback for
+// configs written without it.
+Architecture read_architecture(const json& config, const FieldReader& fields) {
+  if (const json* list = fields.find("architectures")) {
+    if (!list->is_array() || list->empty() || !(*list)[0].is_string()) {
+      fields.fail("architectures",
+                  "must be a non-empty list of class names, not " + FieldReader::describe(*list));
+    }
+    const std::string name = (*list)[0].get<std::string>();
+    for (const ArchitectureName& a : kArchitectures) {
+      if (name == a.class_name) return a.architecture;
+    }
+    fields.fail("architectures", "names '" + name + "', which is not supported (supported: " +
+                                     supported_list() + ")");
+  }
+  const std::optional<std::string> model_type = fields.optional_string("model_type");
+  if (!model_type) fields.fail("architectures", "is missing (and so is 'model_type')");
+  for (const ArchitectureName& a : kArchitectures) {
+    if (*model_type == a.model_type) return a.architecture;
+  }
+  fields.fail("model_type", "is '" + *model_type +
+                                "', which is not supported (supported: " + supported_list() + ")");
+}
+
+kernels::DType read_dtype(const FieldReader& fields) {
+  // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
+  const char* key = fields.find("torch_dtype") ? "torch_dtype" : "dtype";
+  const std::optional<std::string> name = fields.optional_string(key);
+  if (!name) return kernels::DType::kF32;  // what transformers loads without one
+  if (*name == "bfloat16") return kernels::DType::kBF16;
+  if (*name == "float16" || *name == "half") return kernels::DType::kF16;
+  if (*name == "float32" || *name == "float") return kernels::DType::kF32;
+  fields.fail(key, "is '" + *name + "'; supported: bfloat16, float16, float32");
+}
+
+std::optional<Llama3RopeScaling> read_rope_scaling(const FieldReader& fields,
+                                                   const std::string& origin) {
+  const json* scaling = fields.find("rope_scaling");
+  if (!scaling) return std::nullopt;
+  if (!scaling->is_object()) {
+    fields.fail("rope_scaling",
+                "must be an object or null, not " + FieldReader::describe(*scaling));
+  }
+  const FieldReader sub(*scaling, origin, "rope_scaling.");
+  // Newer configs say rope_type, older ones type.
+  std::optional<std::string> type = sub.optional_string("rope_type");
+  const char* type_key = "rope_type";
+  if (!type) {
+    type = sub.optional_string("type");
+    type_key = "type";
+  }
+  if (!type) fields.fail("rope_scaling", "has neither 'rope_type' nor 'type'");
+  if (*type == "default") return std::nullopt;
+  if (*type != "llama3") {
+    sub.fail(type_key, "is '" + *type + "'; only 'llama3' RoPE scaling is supported");
+  }
+  Llama3RopeScaling out;
+  out.factor = sub.number("factor");
+  out.low_freq_factor = sub.number("low_freq_factor");
+  out.high_freq_factor = sub.number("high_freq_factor");
+  out.original_max_position_embeddings = sub.integer("original_max_position_embeddings");
+  if (!(out.factor > 0)) sub.fail("factor", "must be positive");
+  if (!(out.high_freq_factor > out.low_freq_factor) || !(out.low_freq_factor > 0)) {
+    sub.fail("high_freq_factor", "must be greater than low_freq_factor (both positive)");
+  }
+  if (out.original_max_position_embeddings <= 0) {
+    sub.fail("original_max_position_embeddings", "must be positive");
+  }
+  return out;
+}
+
+std::vector<int64_t> read_eos(const FieldReader& fields) {
+  const json* v = fields.find("eos_token_id");
+  if (!v) return {};
+  if (v->is_array()) {
+    std::vector<int64_t> ids;
+    for (const json& id : *v)
+      ids.push_back(fields.as_integer("eos_token_id", id));
+    return ids;
+  }
+  return {fields.as_integer("eos_token_id", *v)};
+}
+
+// Qwen2/Qwen3 keep a sliding_window value even when it is off; with use_sliding_window,
+// layers from max_window_layers on use it (transformers' layer_types rule).
+int64_t read_qwen_sliding_window(const FieldReader& fields, int64_t num_layers) {
+  if (!fields.boolean_or("use_sliding_window", false)) return 0;
+  const int64_t window = fields.integer_or("sliding_window", 4096);
+  const int64_t first = fields.integer_or("max_window_layers", 28);
+  if (first >= num_layers) return 0;
+  if (first > 0) {
+    fields.fail("max_window_layers", "is " + std::to_string(first) +
+                                         ": a mix of sliding-window and full-attention " +
+                                         "layers is not supported");
+  }
+  return window;
+}
+
+void check_positive(const FieldReader& fields, const char* key, int64_t value) {
+  if (value <= 0) fields.fail(key, "must be positive, not " + std::to_string(value));
+}
+
+}  // namespace
+
+const char* architecture_name(Architecture a) {
+  for (const ArchitectureName& entry : kArchitectures) {
+    if (entry.architecture == a) return entry.class_name;
+  }
+  return "?";
+}
+
+int64_t ModelConfig::kv_bytes_per_token(kernels::DType cache_dtype) const {
+  return 2 * num_layers * num_kv_heads * head_dim * kernels::dtype_size(cache_dtype);
+}
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& origin) {
+  json config;
+  try {
+    config = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(origin + ": not valid JSON: " + e.what());
+  }
+  if (!config.is_object()) throw ConfigError(origin + ": expected a JSON object at the top level");
+  const FieldReader fields(config, origin);
+
+  ModelConfig out;
+  out.architecture = read_architecture(config, fields);
+  const bool is_qwen =
+      out.architecture == Architecture::kQwen2 || out.architecture == Architecture::kQwen3;
+
+  out.vocab_size = fields.integer("vocab_size");
+  out.hidden_size = fields.integer("hidden_size");
+  out.intermediate_size = fields.integer("intermediate_size");
+  out.num_layers = fields.integer("num_hidden_layers");
+  out.num_heads = fields.integer("num_attention_heads");
+  check_positive(fields, "vocab_size", out.vocab_size);
+  check_positive(fields, "hidden_size", out.hidden_size);
+  check_positive(fields, "intermediate_size", out.intermediate_size);
+  check_positive(fields, "num_hidden_layers", out.num_layers);
+  check_positive(fields, "num_attention_heads", out.num_heads);
+
+  out.num_kv_heads = fields.integer_or("num_key_value_heads", out.num_heads);
+  check_positive(fields, "num_key_value_heads", out.num_kv_heads);
+  if (out.num_heads % out.num_kv_heads != 0) {
+    fields.fail("num_key_value_heads", "(" + std::to_string(out.num_kv_heads) +
+                                           ") must divide num_attention_heads (" +
+                                           std::to_string(out.num_heads) + ")");
+  }
+
+  // Qwen3Config defaults head_dim to 128; the others derive it from the hidden size.
+  if (const std::optional<int64_t> head_dim = fields.optional_integer("head_dim")) {
+    out.head_dim = *head_dim;
+  } else if (out.architecture == Architecture::kQwen3) {
+    out.head_dim = 128;
+  } else {
+    if (out.hidden_size % out.num_heads != 0) {
+      fields.fail("num_attention_heads",
+                  "(" + std::to_string(out.num_heads) + ") must divide hidden_size (" +
+                      std::to_string(out.hidden_size) + ") when head_dim is not given");
+    }
+    out.head_dim = out.hidden_size / out.num_heads;
+  }
+  check_positive(fields, "head_dim", out.head_dim);
+  if (out.head_dim % 2 != 0) fields.fail("head_dim", "must be even for rotary embeddings");
+
+  out.rms_norm_eps = fields.number_or("rms_norm_eps", 1e-6);
+  out.rope_theta = fields.number_or("rope_theta", 10000.0);
+  if (!(out.rope_theta > 0)) fields.fail("rope_theta", "must be positive");
+  out.rope_scaling = read_rope_scaling(fields, origin);
+  const int64_t default_max_positions = out.architecture == Architecture::kLlama     ? 2048
+                                        : out.architecture == Architecture::kMistral ? 4096 * 32
+                                                                                     : 32768;
+  out.max_position_embeddings = fields.integer_or("max_position_embeddings", default_max_positions);
+  check_positive(fields, "max_position_embeddings", out.max_position_embeddings);
+
+  if (out.architecture == Architecture::kMistral) {
+    // MistralConfig defaults to 4096; an explicit null (v0.2 and later) turns it off.
+    auto it = config.find("sliding_window");
+    out.sliding_window = it == config.end() ? 4096 : fields.integer_or("sliding_window", 0);
+  } else if (is_qwen) {
+    out.sliding_window = read_qwen_sliding_window(fields, out.num_layers);
+  }
+  if (out.sliding_window < 0) fields.fail("sliding_window", "must not be negative");
+
+  out.tie_word_embeddings = fields.boolean_or("tie_word_embeddings", false);
+  // Qwen2 always has q/k/v biases. Llama's, Mistral's and Qwen3's attention_bias
+  // would put one on o_proj too, which no supported checkpoint uses.
+  if (out.architecture == Architecture::kQwen2) {
+    out.attention_bias = true;
+  } else if (fields.boolean_or("attention_bias", false)) {
+    fields.fail("attention_bias", "is true (biases on q/k/v/o_proj), which is not supported");
+  }
+  if (fields.boolean_or("mlp_bias", false)) {
+    fields.fail("mlp_bias", "is true, which is not supported");
+  }
+  out.qk_norm = out.architecture == Architecture::kQwen3;
+  if (const std::optional<std::string> act = fields.optional_string("hidden_act")) {
+    if (*act != "silu") fields.fail("hidden_act", "is '" + *act + "'; only 'silu' is supported");
+  }
+
+  out.dtype = read_dtype(fields);
+  out.bos_token_id = fields.optional_integer("bos_token_id");
+  out.eos_token_ids = read_eos(fields);
+  for (int64_t id : out.eos_token_ids) {
+    if (id < 0 || id >= out.vocab_size) {
+      fields.fail("eos_token_id", "holds " + std::to_string(id) + ", outside the vocabulary of " +
+                                      std::to_string(out.vocab_size));
+    }
+  }
+  if (out.bos_token_id && (*out.bos_token_id < 0 || *out.bos_token_id >= out.vocab_size)) {
+    fields.fail("bos_token_id", "is " + std::to_string(*out.bos_token_id) +
+                                    ", outside the vocabulary of " +
+                                    std::to_string(out.vocab_size));
+  }
+  return out;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& model_dir) {
+  const std::filesystem::path file = model_dir / "config.json";
+  return parse_model_config(read_file(file), file.string());
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& config) {
+  // Float32 throughout, step by step, as transformers' _compute_default_rope_parameters
+  // and _compute_llama3_parameters do on float tensors.
+  const int64_t half = config.head_dim / 2;
+  const float dim = static_cast<float>(config.head_dim);
+  const float base = static_cast<float>(config.rope_theta);
+  std::vector<float> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / dim;
+    inv_freq[i] = 1.0f / std::pow(base, exponent);
+  }
+  if (!config.rope_scaling) return inv_freq;
+
+  const Llama3RopeScaling& s = *config.rope_scaling;
+  const double old_context = static_cast<double>(s.original_max_position_embeddings);
+  const float low_freq_wavelen = static_cast<float>(old_context / s.low_freq_factor);
+  const float high_freq_wavelen = static_cast<float>(old_context / s.high_freq_factor);
+  const float factor = static_cast<float>(s.factor);
+  const float two_pi = static_cast<float>(2.0 * std::numbers::pi);
+  for (float& f : inv_freq) {
+    const float wavelen = two_pi / f;
+    if (wavelen < high_freq_wavelen) continue;  // high frequencies: kept
+    if (wavelen > low_freq_wavelen) {           // low frequencies: divided
+      f = f / factor;
+      continue;
+    }
+    const float smooth =
+        (static_cast<float>(old_context) / wavelen - static_cast<float>(s.low_freq_factor)) /
+        static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+    f = (1.0f - smooth) * f / factor + smooth * f;
+  }
+  return inv_freq;
+}
+
+}  // namespace pagellm::engine

@@ -1,0 +1,68 @@
+#pragma once
+// A Hugging Face `config.json` of the Llama family, read into one plain struct.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace pagellm::engine {
+
+enum class Architecture {
+  kLlama,    // LlamaForCausalLM: Llama 2/3/3.1/3.2, TinyLlama, SmolLM
+  kMistral,  // MistralForCausalLM: sliding-window attention
+  kQwen2,    // Qwen2ForCausalLM: q/k/v projections with bias
+  kQwen3,    // Qwen3ForCausalLM: RMSNorm on each q and k head
+};
+
+const char* architecture_name(Architecture a);
+
+// rope_scaling of type "llama3" (Llama 3.1/3.2): frequencies below a band are divided
+// by `factor`, those above kept, those in between interpolated.
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;    // num_hidden_layers
+  int64_t num_heads = 0;     // num_attention_heads
+  int64_t num_kv_heads = 0;  // num_key_value_heads (defaults to num_heads)
+  int64_t head_dim = 0;      // head_dim (defaults to hidden_size / num_heads)
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::optional<Llama3RopeScaling> rope_scaling;
+  int64_t max_position_embeddings = 2048;
+  int64_t sliding_window = 0;  // 0: none
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;                   // q/k/v biases (Qwen2; Llama's attention_bias)
+  bool qk_norm = false;                          // per-head q/k RMSNorm (Qwen3)
+  kernels::DType dtype = kernels::DType::kBF16;  // torch_dtype
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;  // eos_token_id: one id or a list
+
+  // KV cache bytes for one token over all layers: 2 (K and V) x layers x KV heads x
+  // head_dim x bytes per number.
+  int64_t kv_bytes_per_token(kernels::DType cache_dtype) const;
+};
+
+// Parses config.json text; errors (ConfigError from tokenizer_config.h) name `origin`
+// and the field: unsupported architecture, missing or ill-typed field, inconsistent
+// head counts.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& origin);
+ModelConfig load_model_config(const std::filesystem::path& model_dir);
+
+// RoPE inverse frequencies [head_dim / 2]: 1 / theta^(2i / head_dim), with llama3
+// scaling applied when configured. Computed as transformers does (float32 result).
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+
+}  // namespace pagellm::engine
