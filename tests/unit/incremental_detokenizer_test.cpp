@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "engine/byte_level.h"
 #include "engine/utf8.h"
@@ -171,6 +172,29 @@ TEST_F(ByteLevelStreaming, AddAfterFinishReturnsNothing) {
   EXPECT_EQ(detok.finish(), "");
   EXPECT_EQ(detok.add(*tok.token_to_id("A")), "");
   EXPECT_EQ(detok.finish(), "");
+}
+
+TEST_P(IncrementalReference, RandomIdSequencesStreamLikeTheFullDecode) {
+  const Tokenizer& tok = tokenizer_for(GetParam());
+  std::mt19937 rng(1234);
+  // Byte-level tokens of single bytes make random, often invalid, UTF-8.
+  std::vector<TokenId> byte_ids;
+  for (int b = 0; b < 256; ++b) {
+    byte_ids.push_back(*tok.token_to_id(byte_level::encode(std::string(1, static_cast<char>(b)))));
+  }
+  std::uniform_int_distribution<TokenId> any_id(0, static_cast<TokenId>(tok.vocab_size()) - 1);
+  std::uniform_int_distribution<size_t> length(1, 40);
+  for (int round = 0; round < 300; ++round) {
+    std::vector<TokenId> ids(length(rng));
+    for (TokenId& id : ids)
+      id = round % 2 == 0 ? any_id(rng) : byte_ids[rng() % 256];
+    for (bool cleanup : {false, true}) {
+      for (bool skip : {false, true}) {
+        EXPECT_EQ(joined(stream(tok, ids, {skip, cleanup})), tok.decode(ids, skip, cleanup))
+            << "ids: " << json(ids).dump();
+      }
+    }
+  }
 }
 
 // --- SentencePiece style (synthetic tokenizer.json) ---

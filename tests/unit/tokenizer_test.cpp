@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "engine/utf8.h"
 #include "support/sentencepiece_fixture.h"
 #include "support/test_data.h"
 
@@ -89,6 +92,36 @@ TEST_P(ReferenceCases, InvalidUtf8IsReplacedNotRejected) {
                                   "\uFFFD",   "\uFFFD"};
   for (size_t i = 0; i < std::size(inputs); ++i) {
     EXPECT_EQ(tok.encode(inputs[i]), tok.encode(expected[i])) << "input " << i;
+  }
+}
+
+TEST_P(ReferenceCases, ConcurrentEncodersAgree) {
+  // The word cache is shared between threads.
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 5; ++round) {
+        for (size_t i = t; i < cases_.size(); i += 2) {
+          if (tokenizer().encode(cases_[i].text) != cases_[i].ids) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST_P(ReferenceCases, PathologicalInputsDoNotCrash) {
+  const Tokenizer& tok = tokenizer();
+  const std::string inputs[] = {std::string(100000, ' ') + "x", std::string(100000, 'a'),
+                                std::string(50000, '\n'),       std::string(30000, '\xFF'),
+                                std::string(3, '\0'),           std::string(100000, '!')};
+  for (const std::string& text : inputs) {
+    const auto ids = tok.encode(text);
+    EXPECT_FALSE(ids.empty());
+    if (utf8::is_valid(text)) EXPECT_EQ(tok.decode(ids, false, false), text);
   }
 }
 
