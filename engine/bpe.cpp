@@ -117,26 +117,28 @@ BpeModel::BpeModel(const nlohmann::json& spec, TokenizerJson& data, const SpecRe
 
   TokenId max_id = -1;
   for (const auto& [key, id] : data.vocab) {
-    if (id < 0 || id > INT32_MAX - 1) {
+    if (id < 0 || id >= kMaxTokenId) {
       reader.fail("model.vocab", "id " + std::to_string(id) + " of '" + key + "' is out of range");
     }
     max_id = std::max(max_id, static_cast<TokenId>(id));
   }
-  id_to_token_.resize(static_cast<size_t>(max_id + 1));
-  has_id_.assign(id_to_token_.size(), false);
-  for (const auto& [key, id] : data.vocab) {
-    id_to_token_[id] = key;
-    has_id_[id] = true;
-  }
   vocab_.build(std::move(data.vocab));
   data.vocab.clear();
+  key_of_id_.assign(static_cast<size_t>(max_id + 1), -1);
+  for (size_t k = 0; k < vocab_.size(); ++k)
+    key_of_id_[vocab_.ids()[k]] = static_cast<int32_t>(k);
 
   if (const std::string unk = reader.string_or(spec, "model", "unk_token", ""); !unk.empty()) {
     unk_id_ = vocab_.find(unk);
     if (!unk_id_) reader.fail("model.unk_token", "'" + unk + "' is not in the vocabulary");
   }
 
-  merges_.reserve(data.merges.size());
+  // Resolve every merge to ids first, then insert with the table slots prefetched: the
+  // inserts are random accesses into a table of several MB and dominate loading.
+  struct Resolved {
+    TokenId left, right, merged;
+  };
+  std::vector<Resolved> resolved(data.merges.size());
   std::string joined;
   for (size_t rank = 0; rank < data.merges.size(); ++rank) {
     const auto& [left, right] = data.merges[rank];
@@ -155,7 +157,16 @@ BpeModel::BpeModel(const nlohmann::json& spec, TokenizerJson& data, const SpecRe
       reader.fail("model.merges[" + std::to_string(rank) + "]",
                   "merge '" + left + " " + right + "' uses a token that is not in the vocabulary");
     }
-    merges_.insert(*left_id, *right_id, {static_cast<uint32_t>(rank), *merged_id});
+    resolved[rank] = {*left_id, *right_id, *merged_id};
+  }
+  merges_.reserve(resolved.size());
+  constexpr size_t kAhead = 16;
+  for (size_t rank = 0; rank < resolved.size(); ++rank) {
+    if (rank + kAhead < resolved.size()) {
+      merges_.prefetch(resolved[rank + kAhead].left, resolved[rank + kAhead].right);
+    }
+    const Resolved& r = resolved[rank];
+    merges_.insert(r.left, r.right, {static_cast<uint32_t>(rank), r.merged});
   }
   data.merges.clear();
   data.merges.shrink_to_fit();

@@ -18,6 +18,10 @@
 
 namespace pagellm::engine {
 
+// Token ids must stay below this (the largest real vocabularies hold ~260k tokens); a
+// corrupt file with a huge id fails cleanly instead of allocating gigabytes.
+inline constexpr int64_t kMaxTokenId = 1 << 24;
+
 // String -> id with open addressing over one flat array; keys live in `keys_`.
 class VocabMap {
  public:
@@ -47,6 +51,9 @@ class MergeMap {
   };
   void reserve(size_t n);
   void insert(TokenId left, TokenId right, Merge merge);  // keeps the first (best) rank
+  void prefetch(TokenId left, TokenId right) const {
+    __builtin_prefetch(&slots_[hash(pack(left, right))]);
+  }
   const Merge* find(TokenId left, TokenId right) const {
     const uint64_t key = pack(left, right);
     for (size_t i = hash(key);; i = (i + 1) & mask_) {
@@ -82,10 +89,11 @@ class BpeModel {
 
   std::optional<TokenId> token_to_id(std::string_view token) const { return vocab_.find(token); }
   const std::string* id_to_token(TokenId id) const {
-    if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() || !has_id_[id]) return nullptr;
-    return &id_to_token_[id];
+    if (id < 0 || static_cast<size_t>(id) >= key_of_id_.size() || key_of_id_[id] < 0)
+      return nullptr;
+    return &vocab_.keys()[key_of_id_[id]];
   }
-  size_t id_bound() const { return id_to_token_.size(); }  // one past the largest id
+  size_t id_bound() const { return key_of_id_.size(); }  // one past the largest id
 
  private:
   void merge_word(std::string_view word, std::vector<TokenId>& out) const;
@@ -93,8 +101,7 @@ class BpeModel {
 
   VocabMap vocab_;
   MergeMap merges_;
-  std::vector<std::string> id_to_token_;
-  std::vector<bool> has_id_;
+  std::vector<int32_t> key_of_id_;  // id -> index into vocab_.keys(), -1 for gaps
   bool ignore_merges_ = false;
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;

@@ -33,8 +33,8 @@ std::vector<AddedToken> parse_added_tokens(const json& doc, const SpecReader& re
     const std::string where = "added_tokens[" + std::to_string(i) + "]";
     AddedToken token;
     const json& id = reader.require(entry, where, "id");
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX - 1) {
-      reader.fail(where + ".id", "expected a non-negative integer");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxTokenId) {
+      reader.fail(where + ".id", "expected an integer in [0, " + std::to_string(kMaxTokenId) + ")");
     }
     token.id = static_cast<TokenId>(id.get<int64_t>());
     token.content = reader.string_field(entry, where, "content");

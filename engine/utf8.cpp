@@ -1,5 +1,7 @@
 #include "engine/utf8.h"
 
+#include <cstring>
+
 namespace pagellm::engine::utf8 {
 
 SequenceInfo inspect(std::string_view bytes) {
@@ -35,6 +37,13 @@ SequenceInfo inspect(std::string_view bytes) {
 bool is_valid(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
+    // Runs of ASCII eight bytes at a time.
+    uint64_t word;
+    while (i + 8 <= text.size() &&
+           (std::memcpy(&word, text.data() + i, 8), (word & 0x8080808080808080ull) == 0)) {
+      i += 8;
+    }
+    if (i >= text.size()) break;
     if (static_cast<unsigned char>(text[i]) < 0x80) {
       ++i;
       continue;
