@@ -1,5 +1,7 @@
 #include "engine/pretokenizer.h"
 
+#include <algorithm>
+
 #include "engine/byte_level.h"
 #include "engine/normalizer.h"
 #include "engine/regex.h"

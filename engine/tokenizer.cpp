@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "engine/regex.h"
 #include "engine/tokenizer_impl.h"
 #include "engine/tokenizer_json.h"
 #include "engine/utf8.h"
@@ -241,12 +242,16 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
   const std::string clean = utf8::sanitize(text);
   std::vector<TextSegment> segments;
   impl.raw_matcher.split(clean, segments);
-  for (const TextSegment& seg : segments) {
-    if (seg.token >= 0) {
-      out.push_back(impl.added[seg.token].id);
-    } else {
-      impl.encode_text(clean.substr(seg.start, seg.end - seg.start), seg.start == 0, out);
+  try {
+    for (const TextSegment& seg : segments) {
+      if (seg.token >= 0) {
+        out.push_back(impl.added[seg.token].id);
+      } else {
+        impl.encode_text(clean.substr(seg.start, seg.end - seg.start), seg.start == 0, out);
+      }
     }
+  } catch (const RegexError& e) {
+    throw TokenizerError(impl.origin + ": cannot split the text: " + e.what());
   }
   if (add_special_tokens) out.insert(out.end(), impl.suffix.begin(), impl.suffix.end());
   return out;

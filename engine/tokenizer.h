@@ -50,6 +50,8 @@ class Tokenizer {
 
   // Token ids of `text`. With `add_special_tokens`, the BOS/EOS the model's
   // post-processor (or the config's add_bos_token/add_eos_token) asks for are added.
+  // Throws TokenizerError only if the regex engine runs out of resources (not seen
+  // even on megabyte-long single words).
   std::vector<TokenId> encode(std::string_view text, bool add_special_tokens = false) const;
 
   // Text of `ids`; unknown ids are skipped. `clean_up_tokenization_spaces` defaults to

@@ -121,7 +121,9 @@ TEST_P(ReferenceCases, PathologicalInputsDoNotCrash) {
   for (const std::string& text : inputs) {
     const auto ids = tok.encode(text);
     EXPECT_FALSE(ids.empty());
-    if (utf8::is_valid(text)) EXPECT_EQ(tok.decode(ids, false, false), text);
+    if (utf8::is_valid(text)) {
+      EXPECT_EQ(tok.decode(ids, false, false), text);
+    }
   }
 }
 
