@@ -25,6 +25,24 @@ namespace detail {
 
 inline constexpr int kLanes = 16;
 
+// Software prefetch. GCC 12 deletes loops whose only effect is __builtin_prefetch, so
+// on x86 the instruction is emitted through volatile asm.
+inline void prefetch_l1(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+inline void prefetch_l2(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 inline bool use_simd() {
 #if defined(PAGELLM_KERNELS_AVX512)
   return !portable_kernels();
