@@ -36,6 +36,12 @@ Buffer alloc_touched(int64_t bytes) {
   return b;
 }
 
+// PAGELLM_BENCH_HOT=1 keeps one copy of each weight and cache (cache-resident timings).
+bool hot_caches() {
+  const char* v = std::getenv("PAGELLM_BENCH_HOT");
+  return v != nullptr && std::string(v) == "1";
+}
+
 std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, scale);
@@ -90,7 +96,8 @@ void BM_MatmulBF16(benchmark::State& state, int64_t n, int64_t k) {
     w[i] = f32_to_bf16(wf[i]);
   std::vector<PackedWeight> copies;
   copies.emplace_back(w.data(), DType::kBF16, n, k);
-  const int64_t count = m >= 128 ? 1 : std::max<int64_t>(1, kColdBytes / copies[0].bytes());
+  const int64_t count =
+      m >= 128 || hot_caches() ? 1 : std::max<int64_t>(1, kColdBytes / copies[0].bytes());
   for (int64_t c = 1; c < count; ++c)
     copies.emplace_back(w.data(), DType::kBF16, n, k);
   const auto x = random_floats(m * k, 2);
@@ -117,9 +124,7 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
   const int32_t blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
   const int64_t num_blocks = int64_t(batch) * blocks_per_seq + 1;
   const int64_t cache_bytes = num_blocks * kBlockSize * hkv * D * 2;
-  const int64_t layers = std::getenv("HOT") != nullptr && *std::getenv("HOT") == 49
-                             ? 1
-                             : std::max<int64_t>(1, kColdBytes / (2 * cache_bytes));
+  const int64_t layers = hot_caches() ? 1 : std::max<int64_t>(1, kColdBytes / (2 * cache_bytes));
   std::vector<Buffer> k, v;
   for (int64_t l = 0; l < layers; ++l) {
     k.push_back(alloc_touched(cache_bytes));

@@ -31,6 +31,9 @@ constexpr int kTilePanels = 4;     // panels per register tile
 constexpr int kTileRows = 6;       // rows per register tile: 24 accumulators
 constexpr int64_t kKBlock = 256;   // k-block: 4 float32 panels x 256 = 64 KiB, in L2
 constexpr int64_t kRowChunk = 96;  // rows per work item when m is large
+// Up to two row tiles read 16-bit weights in place (converted in the tile, k-block in L1);
+// more share one float32 conversion per k-block.
+constexpr int64_t kInlineRows = 2 * kTileRows;
 
 // Weight element types, and their exact conversion to float32.
 struct F32W {
@@ -225,10 +228,24 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
     const int64_t r_end = std::min(m, r_begin + kRowChunk);
     const int64_t rows = r_end - r_begin;
     const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-    float* scratch =
-        std::is_same_v<W, F32W> ? nullptr : thread_scratch(kTilePanels * kKBlock * kPanel);
+    float* scratch = std::is_same_v<W, F32W> || m <= kInlineRows
+                         ? nullptr
+                         : thread_scratch(kTilePanels * kKBlock * kPanel);
     for (int64_t k0 = 0; k0 < k; k0 += kKBlock) {
       const int64_t k1 = std::min(k, k0 + kKBlock);
+      if (scratch == nullptr && !std::is_same_v<W, F32W>) {
+        // Few row tiles: convert in the tiles; the block stays in L1 between them.
+        int64_t r0 = r_begin;
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int R = static_cast<int>(rows / tiles + (t < rows % tiles ? 1 : 0));
+          const TileArgs<W> a{
+              x + r0 * k + k0, k,     group + k0 * kPanel, k * kPanel, k1 - k0, k0 == 0,
+              k1 == k,         gbias, y + r0 * n + col0,   n,          ncols};
+          run_tile(simd, P, R, a);
+          r0 += R;
+        }
+        continue;
+      }
       const float* wblock;
       int64_t ws;
       if constexpr (std::is_same_v<W, F32W>) {
