@@ -1,0 +1,29 @@
+#pragma once
+// Builds the ForwardBatch of one step from the scheduled sequences and their page tables.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/llama_model.h"
+#include "paging/kv_cache_manager.h"
+
+namespace pagellm::engine {
+
+// One scheduled sequence: compute tokens [num_computed, num_computed + num_new) of
+// `tokens`, whose slots are already allocated in the KVCacheManager.
+struct ScheduledChunk {
+  paging::SeqId id;
+  std::span<const int32_t> tokens;  // the sequence so far (prompt + output)
+  int32_t num_computed = 0;
+  int32_t num_new = 0;
+  bool wants_logits = false;  // the chunk ends at the last token: sample after it
+};
+
+// Fills `out` (cleared first): token ids, positions, slots, query offsets, context
+// lengths, block tables and the rows to take logits from, in the order of `chunks`,
+// plus the copy-on-write block copies to perform first.
+void build_forward_batch(std::span<const ScheduledChunk> chunks, const paging::KVCacheManager& kv,
+                         std::span<const paging::BlockCopy> copies, ForwardBatch& out);
+
+}  // namespace pagellm::engine
