@@ -1,8 +1,11 @@
 #include "engine/kv_cache_memory.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+#include "engine/tokenizer_config.h"
 
 namespace pagellm::engine {
 
@@ -39,6 +42,40 @@ kernels::cpu::KVCacheLayer KVCacheMemory::layer(int64_t index) const {
 
 int64_t kv_blocks_for_bytes(const ModelConfig& config, kernels::DType dtype, int64_t bytes) {
   return bytes / (config.kv_bytes_per_token(dtype) * kernels::cpu::kBlockSize);
+}
+
+std::string KVPoolPlan::describe() const {
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "KV cache: %s, %lld bytes per token, %lld bytes per block of 16, %lld blocks "
+                "(%.2f GiB), capacity %lld tokens = %.1f sequences of the full %lld-token context",
+                kernels::dtype_name(dtype), static_cast<long long>(bytes_per_token),
+                static_cast<long long>(bytes_per_block), static_cast<long long>(num_blocks),
+                total_bytes / double(int64_t(1) << 30), static_cast<long long>(capacity_tokens),
+                full_context_sequences(), static_cast<long long>(context_length));
+  return line;
+}
+
+KVPoolPlan plan_kv_pool(const ModelConfig& config, kernels::DType dtype,
+                        std::optional<int64_t> num_blocks, std::optional<int64_t> bytes) {
+  if (num_blocks.has_value() == bytes.has_value()) {
+    throw ConfigError("size the KV cache with exactly one of --num-kv-blocks and --kv-cache-bytes");
+  }
+  KVPoolPlan plan;
+  plan.dtype = dtype;
+  plan.bytes_per_token = config.kv_bytes_per_token(dtype);
+  plan.bytes_per_block = plan.bytes_per_token * kernels::cpu::kBlockSize;
+  plan.num_blocks = num_blocks ? *num_blocks : *bytes / plan.bytes_per_block;
+  if (plan.num_blocks <= 0) {
+    throw ConfigError(num_blocks ? "--num-kv-blocks must be positive"
+                                 : "--kv-cache-bytes " + std::to_string(*bytes) +
+                                       " holds no KV block: one block takes " +
+                                       std::to_string(plan.bytes_per_block) + " bytes");
+  }
+  plan.total_bytes = plan.num_blocks * plan.bytes_per_block;
+  plan.capacity_tokens = plan.num_blocks * kernels::cpu::kBlockSize;
+  plan.context_length = config.max_position_embeddings;
+  return plan;
 }
 
 kernels::DType default_kv_dtype(const ModelConfig& config) {

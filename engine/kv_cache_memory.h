@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "engine/model_config.h"
@@ -38,6 +40,28 @@ class KVCacheMemory {
   int num_kv_heads_ = 0;
   int head_dim_ = 0;
 };
+
+// How the KV pool is sized, in the terms an operator plans with. The daemon logs
+// describe() at start.
+struct KVPoolPlan {
+  kernels::DType dtype = kernels::DType::kBF16;
+  int64_t bytes_per_token = 0;  // 2 x layers x KV heads x head_dim x bytes per number
+  int64_t bytes_per_block = 0;  // x 16 tokens
+  int64_t num_blocks = 0;
+  int64_t total_bytes = 0;
+  int64_t capacity_tokens = 0;
+  int64_t context_length = 0;  // max_position_embeddings
+  // How many sequences of a full context window fit at once.
+  double full_context_sequences() const {
+    return context_length > 0 ? double(capacity_tokens) / context_length : 0.0;
+  }
+  std::string describe() const;
+};
+
+// Sizes the pool from a block count or a byte budget (exactly one of them, > 0).
+// Throws ConfigError when neither or both are given, or the budget holds no block.
+KVPoolPlan plan_kv_pool(const ModelConfig& config, kernels::DType dtype,
+                        std::optional<int64_t> num_blocks, std::optional<int64_t> bytes);
 
 // Blocks that fit in `bytes` of KV memory.
 int64_t kv_blocks_for_bytes(const ModelConfig& config, kernels::DType dtype, int64_t bytes);
