@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <map>
@@ -239,6 +240,35 @@ TEST(SentencePieceTokenizer, MetaspaceDecoderDropsTheReplacementOfTheFirstTokenO
   EXPECT_EQ(tok.decode(std::vector<TokenId>{276, 271}), "world hello");
   // Byte tokens pass through the Metaspace decoder unchanged.
   EXPECT_EQ(tok.decode(std::vector<TokenId>{271, byte_token_id('!')}), "hello<0x21>");
+}
+
+TEST(SentencePieceTokenizer, AddedTokenFlagsLstripRstripSingleWord) {
+  json spec = testing::sentencepiece_tokenizer_json(testing::SentencePieceStyle::kLegacy);
+  auto added = [](int id, const char* content, bool lstrip, bool rstrip, bool single_word) {
+    return json{{"id", id},         {"content", content}, {"single_word", single_word},
+                {"lstrip", lstrip}, {"rstrip", rstrip},   {"normalized", false},
+                {"special", false}};
+  };
+  spec["added_tokens"].push_back(added(278, "<mask>", true, false, false));
+  spec["added_tokens"].push_back(added(279, "<pad>", false, true, false));
+  spec["added_tokens"].push_back(added(280, "xx", false, false, true));
+  const auto dir = testing::fresh_temp_dir("sp_added_flags");
+  const Tokenizer tok =
+      Tokenizer::from_file(testing::write_file(dir, "tokenizer.json", spec.dump()));
+  EXPECT_EQ(tok.vocab_size(), 281u);
+  // lstrip swallows the space before the token: "hello" alone, not "hello▁".
+  EXPECT_EQ(tok.encode("hello <mask>"), (std::vector<TokenId>{271, 278}));
+  // rstrip swallows the spaces after it.
+  EXPECT_EQ(tok.encode("<pad>  hello"), (std::vector<TokenId>{279, 271}));
+  // Without a flag, the space stays with the text: "▁hello▁" then the token.
+  EXPECT_EQ(tok.encode("hello <pad>"), (std::vector<TokenId>{271, 259, 279}));
+  // single_word: only as a word of its own.
+  const auto inside = tok.encode("helloxx");
+  EXPECT_EQ(std::count(inside.begin(), inside.end(), 280), 0);
+  const auto alone = tok.encode("hello xx world");
+  EXPECT_EQ(std::count(alone.begin(), alone.end(), 280), 1);
+  EXPECT_FALSE(tok.is_special(280));
+  EXPECT_EQ(tok.token_to_id("xx"), 280);
 }
 
 TEST(SentencePieceTokenizer, ConfigAddBosAndEosOverrideThePostProcessor) {
