@@ -22,7 +22,7 @@ constexpr Subcommand kSubcommands[] = {
      "               [--max-num-seqs N] [--max-num-batched-tokens N] [--api-key KEY]\n"
      "               [--served-model-name NAME] [--log-level info]",
      nullptr},
-    {"demo-model", "demo-model DIR [--preset tiny|small|bench]", nullptr},
+    {"demo-model", "demo-model DIR [--preset tiny|small|bench]", run_demo_model},
     {"tokenize", "tokenize --model DIR [--decode] [--add-special-tokens]   (JSON lines in/out)",
      run_tokenize},
     {"render-chat", "render-chat --model DIR [--chat-template FILE]           (JSON lines in/out)",
