@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace pagellm::testing {
 
@@ -105,12 +106,23 @@ inline std::filesystem::path write_file(const std::filesystem::path& dir, const 
   return path;
 }
 
-// A fresh folder under the system temp folder.
+// A fresh folder under the system temp folder, removed when the test program exits.
 inline std::filesystem::path fresh_temp_dir(const std::string& name) {
+  struct Cleanup {
+    std::vector<std::filesystem::path> dirs;
+    ~Cleanup() {
+      for (const auto& dir : dirs) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+    }
+  };
+  static Cleanup cleanup;
   const auto dir = std::filesystem::temp_directory_path() /
                    ("pagellm_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  cleanup.dirs.push_back(dir);
   return dir;
 }
 
