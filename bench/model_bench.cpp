@@ -1,0 +1,205 @@
+// Forward-pass throughput of a model on this machine, next to the memory roofline.
+//
+// In one run: the copy bandwidth; decode tokens/s at several batch sizes (every sequence
+// decoding one token per step through the paged KV cache); prefill tokens/s for one
+// prompt. Decode at small batch is memory-bound: each step reads every weight byte once
+// plus the batch's KV, so the roofline is bandwidth / bytes read per step, times batch.
+//
+//   pagellm_model_bench [--model DIR] [--batches 1,8,16,32] [--context 128]
+//                       [--steps 32] [--prefill 512] [--json FILE]
+// Without --model, the `bench` demo model is written under models/bench (once).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/memory_bandwidth.h"
+#include "engine/demo_model.h"
+#include "engine/forward_batch_builder.h"
+#include "engine/kv_cache_memory.h"
+#include "engine/llama_model.h"
+#include "paging/kv_cache_manager.h"
+
+using namespace pagellm;
+
+namespace {
+
+struct Options {
+  std::filesystem::path model;
+  std::vector<int> batches{1, 8, 16, 32};
+  int context = 128;  // prompt tokens of each decoding sequence
+  int steps = 32;     // timed decode steps per batch size
+  int prefill = 512;
+  std::string json_path;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--model") {
+      o.model = value();
+    } else if (arg == "--batches") {
+      o.batches.clear();
+      std::stringstream list(value());
+      for (std::string item; std::getline(list, item, ',');)
+        o.batches.push_back(std::stoi(item));
+    } else if (arg == "--context") {
+      o.context = std::stoi(value());
+    } else if (arg == "--steps") {
+      o.steps = std::stoi(value());
+    } else if (arg == "--prefill") {
+      o.prefill = std::stoi(value());
+    } else if (arg == "--json") {
+      o.json_path = value();
+    } else {
+      throw std::runtime_error("unknown option " + arg);
+    }
+  }
+  return o;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct DecodeResult {
+  int batch;
+  double tokens_per_s;
+  double bytes_per_step;
+  double roofline_tokens_per_s;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Options opt = parse(argc, argv);
+  if (opt.model.empty()) {
+    opt.model = "models/bench";
+    if (!std::filesystem::exists(opt.model / "config.json")) {
+      std::fprintf(stderr, "writing the bench demo model to %s ...\n", opt.model.c_str());
+      engine::write_demo_model(opt.model, engine::demo_model_preset("bench"));
+    }
+  }
+  const double bandwidth = bench::measure_copy_bandwidth();
+  auto model = engine::LlamaModel::load(opt.model);
+  const engine::ModelConfig& config = model->config();
+  const kernels::DType kv_dtype = engine::default_kv_dtype(config);
+  const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
+  const int max_tokens = std::max(opt.context + opt.steps + 8, opt.prefill);
+  const int64_t num_blocks = int64_t(max_batch) * paging::blocks_for_tokens(max_tokens) + 64;
+  paging::KVCacheManager kv(static_cast<int32_t>(num_blocks), /*enable_prefix_caching=*/false);
+  engine::KVCacheMemory memory(config, num_blocks, kv_dtype);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size) - 1);
+
+  std::printf("model: %s (%s, %lld layers, hidden %lld, %lld/%lld heads of %lld, vocab %lld)\n",
+              opt.model.c_str(), engine::architecture_name(config.architecture),
+              (long long)config.num_layers, (long long)config.hidden_size,
+              (long long)config.num_heads, (long long)config.num_kv_heads,
+              (long long)config.head_dim, (long long)config.vocab_size);
+  std::printf("weights read per step: %.1f MB (%s); KV cache %s\n",
+              model->weight_bytes_per_step() / 1e6, kernels::dtype_name(config.dtype),
+              kernels::dtype_name(kv_dtype));
+  std::printf("copy bandwidth (read + write): %.1f GB/s\n\n", bandwidth);
+
+  engine::ForwardBatch batch;
+  std::vector<float> logits;
+  std::vector<DecodeResult> decode;
+  paging::SeqId next_id = 0;
+  for (int b : opt.batches) {
+    // Prefill `b` prompts of `context` tokens, then time `steps` decode steps.
+    std::vector<paging::SeqId> ids;
+    std::vector<std::vector<int32_t>> tokens(b);
+    std::vector<engine::ScheduledChunk> chunks;
+    for (int s = 0; s < b; ++s) {
+      ids.push_back(next_id++);
+      for (int i = 0; i < opt.context; ++i)
+        tokens[s].push_back(token(rng));
+      kv.add_sequence(ids[s], paging::PrefixMatch{}, opt.context);
+      chunks.push_back({ids[s], tokens[s], 0, opt.context, true});
+      engine::build_forward_batch(chunks, kv, {}, batch);
+      model->forward(batch, memory, logits);
+      chunks.clear();
+    }
+    auto decode_step = [&]() {
+      chunks.clear();
+      for (int s = 0; s < b; ++s) {
+        tokens[s].push_back(token(rng));
+        kv.allocate_slots(ids[s], 1);
+        chunks.push_back({ids[s], tokens[s], static_cast<int32_t>(tokens[s].size()) - 1, 1, true});
+      }
+      engine::build_forward_batch(chunks, kv, {}, batch);
+      model->forward(batch, memory, logits);
+    };
+    for (int w = 0; w < 2; ++w)
+      decode_step();
+    const auto start = std::chrono::steady_clock::now();
+    for (int step = 0; step < opt.steps; ++step)
+      decode_step();
+    const double elapsed = seconds_since(start);
+    // KV bytes read in a step: every cached token of every sequence, at mid-run length.
+    const double mid_context = opt.context + 2 + opt.steps / 2.0;
+    const double bytes =
+        model->weight_bytes_per_step() + b * mid_context * config.kv_bytes_per_token(kv_dtype);
+    decode.push_back({b, b * opt.steps / elapsed, bytes, bandwidth * 1e9 / bytes * b});
+    for (paging::SeqId id : ids)
+      kv.free_sequence(id);
+  }
+
+  // Prefill: one prompt in a single chunk, best of three.
+  double prefill_best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<int32_t> prompt(opt.prefill);
+    for (auto& t : prompt)
+      t = token(rng);
+    const paging::SeqId id = next_id++;
+    kv.add_sequence(id, paging::PrefixMatch{}, opt.prefill);
+    const engine::ScheduledChunk chunk{id, prompt, 0, opt.prefill, true};
+    engine::build_forward_batch({&chunk, 1}, kv, {}, batch);
+    const auto start = std::chrono::steady_clock::now();
+    model->forward(batch, memory, logits);
+    prefill_best = std::max(prefill_best, opt.prefill / seconds_since(start));
+    kv.free_sequence(id);
+  }
+
+  std::printf("%-22s %12s %16s %14s %10s\n", "decode", "tokens/s", "MB read/step", "roofline t/s",
+              "of roof");
+  for (const DecodeResult& d : decode) {
+    std::printf("batch %-16d %12.1f %16.1f %14.1f %9.1f%%\n", d.batch, d.tokens_per_s,
+                d.bytes_per_step / 1e6, d.roofline_tokens_per_s,
+                100 * d.tokens_per_s / d.roofline_tokens_per_s);
+  }
+  std::printf("\nprefill, %d-token prompt: %.1f tokens/s\n", opt.prefill, prefill_best);
+
+  if (!opt.json_path.empty()) {
+    FILE* f = std::fopen(opt.json_path.c_str(), "w");
+    if (f == nullptr) throw std::runtime_error("cannot write " + opt.json_path);
+    std::fprintf(f,
+                 "{\"copy_bandwidth_gbs\": %.3f, \"prefill_tokens\": %d, "
+                 "\"prefill_tokens_per_s\": %.3f, \"decode\": [",
+                 bandwidth, opt.prefill, prefill_best);
+    for (size_t i = 0; i < decode.size(); ++i) {
+      std::fprintf(f,
+                   "%s{\"batch\": %d, \"tokens_per_s\": %.3f, \"bytes_per_step\": %.0f, "
+                   "\"roofline_tokens_per_s\": %.3f}",
+                   i ? ", " : "", decode[i].batch, decode[i].tokens_per_s, decode[i].bytes_per_step,
+                   decode[i].roofline_tokens_per_s);
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "pagellm_model_bench: %s\n", e.what());
+  return 1;
+}
