@@ -30,11 +30,14 @@ constexpr float kEmbedStd = 1.0f;  // untied embeddings
 // Tied embeddings: a token's logit includes e_t . norm(x), and x starts as e_t. Measured
 // against the other logits' spread, that self term is about |e_t| / rms(x); were the
 // embedding as large as the head needs, it would win every step and greedy decoding
-// would repeat the last token forever. So the embedding keeps transformers' own init
-// scale (initializer_range 0.02: rows of norm well under the residual's, yet far above
-// the norms' epsilon), and the final norm's weight, large in trained tied models too,
-// supplies the logit scale.
+// would repeat the last token forever. So the embedding keeps transformers' init scale
+// (initializer_range 0.02, yet far above the norms' epsilon), and the final norm's
+// weight, large in trained tied models too, supplies the logit scale. With so small an
+// embedding, full-size attention outputs would drown the current token in an average
+// over the context, and generation would settle on one token; attention therefore
+// writes to the residual stream at a tenth of the usual scale.
 constexpr float kTiedEmbedStd = 0.02f;
+constexpr float kTiedAttentionOutputScale = 0.1f;
 constexpr float kNormNoise = 0.05f;  // norm weights: 1 + noise
 constexpr float kBiasStd = 0.1f;
 // Rows of special tokens and of byte tokens that are not printable text are scaled
@@ -111,7 +114,8 @@ std::vector<TensorRecipe> recipes(const DemoModelSpec& s) {
       add(p + "self_attn.k_norm.weight", {s.head_dim}, 1.0f, kNormNoise);
     }
     add(p + "self_attn.o_proj.weight", {h, q_dim}, 0.0f,
-        1.0f / std::sqrt(static_cast<float>(q_dim)));
+        (s.tie_word_embeddings ? kTiedAttentionOutputScale : 1.0f) /
+            std::sqrt(static_cast<float>(q_dim)));
     add(p + "post_attention_layernorm.weight", {h}, 1.0f, kNormNoise);
     add(p + "mlp.gate_proj.weight", {ffn, h}, 0.0f, inv_sqrt_h);
     add(p + "mlp.up_proj.weight", {ffn, h}, 0.0f, inv_sqrt_h);

@@ -127,7 +127,7 @@ std::map<std::string, int64_t> training_words(int64_t vocab_size) {
   for (int n = 0; n < 1000; ++n)
     counts[std::to_string(n)] += 1;
   uint64_t state = 0x5eedu;
-  for (int64_t i = 0; i < 2 * vocab_size; ++i) {
+  for (int64_t i = 0; i < vocab_size + vocab_size / 4; ++i) {
     const std::string& head = stems[splitmix64(state) % stems.size()];
     std::string tail = stems[splitmix64(state) % stems.size()];
     if (tail[0] == ' ') tail.erase(0, 1);
@@ -223,6 +223,14 @@ class BpeTrainer {
         {it->second, tie_rank(key), static_cast<int32_t>(key >> 32), static_cast<int32_t>(key)});
   }
 
+  static void sorted_pairs(const std::vector<int32_t>& symbols, std::vector<uint64_t>& out) {
+    out.clear();
+    for (size_t j = 0; j + 1 < symbols.size(); ++j) {
+      out.push_back(pair_key(symbols[j], symbols[j + 1]));
+    }
+    std::sort(out.begin(), out.end());
+  }
+
   void merge(int32_t a, int32_t b) {
     const uint64_t merged_key = pair_key(a, b);
     // Two merges may spell the same string ("ab"+"c", "a"+"bc"): one id, two merges.
@@ -233,7 +241,7 @@ class BpeTrainer {
     pair_words_.erase(merged_key);
     std::sort(affected.begin(), affected.end());
     affected.erase(std::unique(affected.begin(), affected.end()), affected.end());
-    std::vector<uint64_t> changed;
+    std::vector<uint64_t> changed, old_pairs, new_pairs;
     for (int32_t wi : affected) {
       Word& w = words_[wi];
       std::vector<int32_t> next;
@@ -249,16 +257,23 @@ class BpeTrainer {
         }
       }
       if (!found) continue;
-      for (size_t j = 0; j + 1 < w.symbols.size(); ++j) {
-        const uint64_t key = pair_key(w.symbols[j], w.symbols[j + 1]);
-        pair_counts_[key] -= w.count;
-        changed.push_back(key);
-      }
-      for (size_t j = 0; j + 1 < next.size(); ++j) {
-        const uint64_t key = pair_key(next[j], next[j + 1]);
-        pair_counts_[key] += w.count;
-        changed.push_back(key);
-        if (next[j] == id || next[j + 1] == id) pair_words_[key].push_back(wi);
+      // Only the pairs whose number in this word changed: those around merge sites.
+      sorted_pairs(w.symbols, old_pairs);
+      sorted_pairs(next, new_pairs);
+      size_t i = 0, j = 0;
+      while (i < old_pairs.size() || j < new_pairs.size()) {
+        if (j == new_pairs.size() || (i < old_pairs.size() && old_pairs[i] < new_pairs[j])) {
+          pair_counts_[old_pairs[i]] -= w.count;
+          changed.push_back(old_pairs[i++]);
+        } else if (i == old_pairs.size() || new_pairs[j] < old_pairs[i]) {
+          const uint64_t key = new_pairs[j++];
+          pair_counts_[key] += w.count;
+          changed.push_back(key);
+          pair_words_[key].push_back(wi);
+        } else {
+          ++i;
+          ++j;
+        }
       }
       w.symbols = std::move(next);
     }
