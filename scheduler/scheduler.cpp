@@ -47,6 +47,26 @@ int32_t Scheduler::blocks_needed_for(int64_t num_tokens) const {
                            1);
 }
 
+AddResult Scheduler::validate(int32_t prompt_len, int32_t max_tokens) const {
+  if (prompt_len <= 0) return {AddStatus::kInvalid, "the prompt is empty"};
+  if (max_tokens < 1) return {AddStatus::kInvalid, "max_tokens must be at least 1"};
+  const int64_t total = int64_t(prompt_len) + max_tokens;
+  if (total > config_.max_model_len) {
+    return {AddStatus::kTooLong, "this model's maximum context length is " +
+                                     std::to_string(config_.max_model_len) + " tokens, but " +
+                                     std::to_string(total) + " were requested (" +
+                                     std::to_string(prompt_len) + " in the prompt, " +
+                                     std::to_string(max_tokens) + " for the completion)"};
+  }
+  const int32_t needed = blocks_needed_for(total);
+  if (needed > kv_.pool().num_blocks()) {
+    return {AddStatus::kNeverFits, "the request needs " + std::to_string(needed) + " KV blocks (" +
+                                       std::to_string(total) + " tokens) but the whole cache has " +
+                                       std::to_string(kv_.pool().num_blocks())};
+  }
+  return {AddStatus::kAdded, ""};
+}
+
 AddResult Scheduler::add(std::unique_ptr<Sequence> seq, double now) {
   if (!seq) return {AddStatus::kInvalid, "no sequence"};
   if (seqs_.count(seq->id)) {
@@ -55,20 +75,9 @@ AddResult Scheduler::add(std::unique_ptr<Sequence> seq, double now) {
   if (seq->prompt_len <= 0 || seq->prompt_len != seq->num_tokens()) {
     return {AddStatus::kInvalid, "the prompt is empty"};
   }
-  if (seq->params.max_tokens < 1) return {AddStatus::kInvalid, "max_tokens must be at least 1"};
-  const int64_t total = int64_t(seq->prompt_len) + seq->params.max_tokens;
-  if (total > config_.max_model_len) {
-    return {AddStatus::kTooLong,
-            "this model's maximum context length is " + std::to_string(config_.max_model_len) +
-                " tokens, but " + std::to_string(total) + " were requested (" +
-                std::to_string(seq->prompt_len) + " in the prompt, " +
-                std::to_string(seq->params.max_tokens) + " for the completion)"};
-  }
-  const int32_t needed = blocks_needed_for(total);
-  if (needed > kv_.pool().num_blocks()) {
-    return {AddStatus::kNeverFits, "the request needs " + std::to_string(needed) + " KV blocks (" +
-                                       std::to_string(total) + " tokens) but the whole cache has " +
-                                       std::to_string(kv_.pool().num_blocks())};
+  if (AddResult r = validate(seq->prompt_len, seq->params.max_tokens);
+      r.status != AddStatus::kAdded) {
+    return r;
   }
   if (num_waiting() >= config_.max_waiting) {
     return {AddStatus::kQueueFull,
@@ -167,7 +176,11 @@ ScheduledBatch Scheduler::schedule(double now) {
     waiting_.pop_front();
     seq->num_computed = match.num_cached_tokens;
     seq->status = SequenceStatus::kRunning;
-    if (seq->num_preemptions > 0) seq->resumed_at_step = step_;
+    if (seq->num_preemptions > 0) {
+      seq->resumed_at_step = step_;
+    } else {
+      seq->num_cached_prompt_tokens = match.num_cached_tokens;
+    }
     running_.insert(std::find_if(running_.begin(), running_.end(),
                                  [&](const Sequence* other) { return before(*seq, *other); }),
                     seq);

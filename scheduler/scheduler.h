@@ -79,6 +79,10 @@ class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, paging::KVCacheManager& kv);
 
+  // Whether a sequence of this size could ever run: the context window, the pool size
+  // and max_tokens >= 1. Reads only configuration, so any thread may call it.
+  AddResult validate(int32_t prompt_len, int32_t max_tokens) const;
+
   // Queues a new sequence (status waiting). Refused sequences are returned untouched in
   // the result's message, never queued.
   AddResult add(std::unique_ptr<Sequence> seq, double now);

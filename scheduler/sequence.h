@@ -50,8 +50,9 @@ struct Sequence {
   FinishReason finish_reason = FinishReason::kNone;
   uint64_t arrival_order = 0;  // FCFS order, assigned by the scheduler
   int32_t num_preemptions = 0;
-  int64_t resumed_at_step = -1;      // the step it last came back after a preemption
-  int64_t last_scheduled_step = -1;  // scheduler bookkeeping
+  int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at the first admission
+  int64_t resumed_at_step = -1;          // the step it last came back after a preemption
+  int64_t last_scheduled_step = -1;      // scheduler bookkeeping
   SequenceTimes times;
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }

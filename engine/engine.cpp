@@ -1,0 +1,305 @@
+#include "engine/engine.h"
+
+#include <chrono>
+
+#include "engine/forward_batch_builder.h"
+#include "engine/incremental_detokenizer.h"
+#include "engine/stop_strings.h"
+
+namespace pagellm::engine {
+
+using scheduler::FinishReason;
+using scheduler::Sequence;
+
+struct Engine::Request {
+  uint64_t id;
+  std::shared_ptr<RequestStream> stream;
+  GenerationRequest request;  // until it reaches the scheduler
+  Sampler sampler;
+  IncrementalDetokenizer detokenizer;
+  StopStringMatcher stops;
+
+  Request(uint64_t id, std::shared_ptr<RequestStream> stream, GenerationRequest req, uint64_t seed,
+          const Tokenizer& tokenizer)
+      : id(id),
+        stream(std::move(stream)),
+        sampler(req.params, req.prompt, seed),
+        detokenizer(
+            tokenizer, DetokenizeOptions{req.skip_special_tokens, std::nullopt},
+            // The end of the prompt as context, so the first word is spaced
+            // as it would be inside the whole text.
+            std::span<const int32_t>(req.prompt).last(std::min<size_t>(req.prompt.size(), 4))),
+        stops(req.params.stop) {
+    request = std::move(req);
+  }
+};
+
+namespace {
+
+EngineConfig resolve(EngineConfig config, const ModelConfig& model) {
+  if (config.scheduler.max_model_len <= 0) {
+    config.scheduler.max_model_len = static_cast<int32_t>(model.max_position_embeddings);
+  }
+  config.scheduler.sliding_window = static_cast<int32_t>(model.sliding_window);
+  return config;
+}
+
+}  // namespace
+
+double Engine::now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Engine::Engine(std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer,
+               EngineConfig config)
+    : model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      config_(resolve(std::move(config), model_->config())),
+      kv_plan_(plan_kv_pool(model_->config(), default_kv_dtype(model_->config()),
+                            config_.num_kv_blocks, std::nullopt)),
+      memory_(model_->config(), kv_plan_.num_blocks, kv_plan_.dtype),
+      kv_(static_cast<int32_t>(kv_plan_.num_blocks), config_.enable_prefix_caching),
+      scheduler_(config_.scheduler, kv_),
+      seed_rng_(config_.seed ? *config_.seed : std::random_device{}()) {
+  publish_stats();
+  alive_ = true;
+  thread_ = std::thread(&Engine::loop, this);
+}
+
+Engine::~Engine() {
+  stop();
+}
+
+SubmitResult Engine::submit(GenerationRequest request) {
+  SubmitResult result;
+  const scheduler::AddResult check =
+      scheduler_.validate(static_cast<int32_t>(request.prompt.size()), request.params.max_tokens);
+  if (check.status != scheduler::AddStatus::kAdded) {
+    result.status = check.status;
+    result.message = check.message;
+    return result;
+  }
+  for (int32_t id : request.prompt) {
+    if (id < 0 || id >= model_->config().vocab_size) {
+      result.status = scheduler::AddStatus::kInvalid;
+      result.message = "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                       std::to_string(model_->config().vocab_size) + ")";
+      return result;
+    }
+  }
+  if (!alive_) {
+    result.status = scheduler::AddStatus::kInvalid;
+    result.message = "the engine is not running";
+    return result;
+  }
+  const uint64_t id = next_id_++;
+  auto stream = std::make_shared<RequestStream>(id);
+  {
+    std::lock_guard lock(inbox_mutex_);
+    const int32_t waiting =
+        stats_snapshot_waiting_.load() + static_cast<int32_t>(new_requests_.size());
+    if (stopping_ || waiting >= config_.scheduler.max_waiting) {
+      result.status = scheduler::AddStatus::kQueueFull;
+      result.message = stopping_ ? "the server is shutting down"
+                                 : "the waiting queue is full (" +
+                                       std::to_string(config_.scheduler.max_waiting) +
+                                       " requests); retry later";
+      return result;
+    }
+    new_requests_.push_back({id, stream, std::move(request)});
+  }
+  inbox_ready_.notify_one();
+  result.stream = std::move(stream);
+  return result;
+}
+
+void Engine::abort(uint64_t request_id) {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    aborts_.push_back(request_id);
+  }
+  inbox_ready_.notify_one();
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    stopping_ = true;
+  }
+  inbox_ready_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  EngineStats out = stats_;
+  out.alive = alive_.load();
+  return out;
+}
+
+void Engine::loop() {
+  while (true) {
+    bool stopping = false;
+    std::vector<Submitted> incoming;
+    std::vector<uint64_t> aborts;
+    {
+      std::unique_lock lock(inbox_mutex_);
+      inbox_ready_.wait(lock, [&] {
+        return stopping_ || !new_requests_.empty() || !aborts_.empty() || scheduler_.has_work();
+      });
+      incoming.swap(new_requests_);
+      aborts.swap(aborts_);
+      stopping = stopping_;
+    }
+    try {
+      admit(incoming);
+      for (uint64_t id : aborts)
+        cancel(id, "");
+      if (stopping) {
+        fail_all("");
+        publish_stats();
+        break;
+      }
+      step();
+    } catch (const std::exception& e) {
+      // Nothing brings the engine thread down: the requests in flight fail, the rest go on.
+      fail_all(std::string("internal error: ") + e.what());
+    }
+    publish_stats();
+  }
+}
+
+void Engine::admit(std::vector<Submitted>& incoming) {
+  const double t = now();
+  for (Submitted& s : incoming) {
+    const uint64_t seed = s.request.params.seed ? *s.request.params.seed : seed_rng_();
+    auto seq = std::make_unique<Sequence>();
+    seq->id = static_cast<paging::SeqId>(s.id);
+    seq->tokens = s.request.prompt;
+    seq->prompt_len = static_cast<int32_t>(s.request.prompt.size());
+    seq->params = s.request.params;
+    seq->priority = s.request.priority;
+    seq->cache_salt = paging::cache_salt_key(s.request.cache_salt);
+    for (int64_t eos : model_->config().eos_token_ids) {
+      seq->eos_token_ids.push_back(static_cast<int32_t>(eos));
+    }
+    auto request = std::make_unique<Request>(s.id, std::move(s.stream), std::move(s.request), seed,
+                                             *tokenizer_);
+    const scheduler::AddResult added = scheduler_.add(std::move(seq), t);
+    if (added.status != scheduler::AddStatus::kAdded) {
+      GenerationChunk chunk;
+      chunk.finished = true;
+      chunk.finish_reason = FinishReason::kAbort;
+      chunk.error = added.message;
+      request->stream->push(std::move(chunk));
+      ++failed_;
+      continue;
+    }
+    requests_.emplace(s.id, std::move(request));
+  }
+}
+
+void Engine::cancel(uint64_t id, const std::string& error) {
+  auto seq = scheduler_.abort(static_cast<paging::SeqId>(id), now());
+  if (!seq) return;  // finished already, or never known
+  auto it = requests_.find(id);
+  if (it != requests_.end()) finish(*it->second, *seq, error);
+}
+
+void Engine::step() {
+  const scheduler::ScheduledBatch batch = scheduler_.schedule(now());
+  if (batch.empty()) return;
+  chunks_.clear();
+  for (const scheduler::ScheduledSeq& s : batch.seqs) {
+    chunks_.push_back(
+        {s.seq->id, s.seq->tokens, s.seq->num_computed, s.num_new_tokens, s.wants_logits});
+  }
+  build_forward_batch(chunks_, kv_, batch.block_copies, batch_);
+  model_->forward(batch_, memory_, logits_);
+
+  const int64_t vocab = model_->config().vocab_size;
+  sampled_ids_.clear();
+  sampled_.clear();
+  size_t row = 0;
+  for (const scheduler::ScheduledSeq& s : batch.seqs) {
+    if (!s.wants_logits) continue;
+    Request& r = *requests_.at(static_cast<uint64_t>(s.seq->id));
+    const std::span<const float> logits(logits_.data() + row++ * vocab, vocab);
+    SampledToken token = r.sampler.sample(logits);
+    sampled_ids_.push_back(token.token);
+    sampled_.push_back({&r, std::move(token)});
+  }
+  const double t = now();
+  auto finished = scheduler_.update(batch, sampled_ids_, t);
+
+  // Stream the new tokens; a stop string in the text ends its request here.
+  for (auto& [r, token] : sampled_) {
+    GenerationChunk chunk;
+    chunk.text = r->stops.push(r->detokenizer.add(token.token));
+    chunk.tokens.push_back(std::move(token));
+    const bool stopped = r->stops.stopped();
+    r->stream->push(std::move(chunk));
+    if (stopped) {
+      if (auto seq = scheduler_.finish(static_cast<paging::SeqId>(r->id), FinishReason::kStop, t)) {
+        finished.push_back(std::move(seq));
+      }
+    }
+  }
+  for (auto& seq : finished) {
+    auto it = requests_.find(static_cast<uint64_t>(seq->id));
+    if (it != requests_.end()) finish(*it->second, *seq, "");
+  }
+}
+
+void Engine::finish(Request& r, const Sequence& seq, const std::string& error) {
+  GenerationChunk chunk;
+  if (!r.stops.stopped()) {
+    chunk.text = r.stops.push(r.detokenizer.finish());
+    chunk.text += r.stops.flush();
+  }
+  chunk.finished = true;
+  chunk.finish_reason = seq.finish_reason;
+  chunk.error = error;
+  chunk.usage.prompt_tokens = seq.prompt_len;
+  chunk.usage.completion_tokens = seq.num_output_tokens();
+  chunk.usage.cached_prompt_tokens = seq.num_cached_prompt_tokens;
+  chunk.times = seq.times;
+  switch (seq.finish_reason) {
+    case FinishReason::kStop:
+      ++finished_stop_;
+      break;
+    case FinishReason::kLength:
+      ++finished_length_;
+      break;
+    default:
+      error.empty() ? ++finished_abort_ : ++failed_;
+      break;
+  }
+  // Stats first: a client that sees its end must see the blocks already returned.
+  publish_stats();
+  r.stream->push(std::move(chunk));
+  requests_.erase(r.id);  // destroys r
+}
+
+void Engine::fail_all(const std::string& error) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : requests_)
+    ids.push_back(id);
+  for (uint64_t id : ids)
+    cancel(id, error);
+}
+
+void Engine::publish_stats() {
+  std::lock_guard lock(stats_mutex_);
+  stats_.num_running = scheduler_.num_running();
+  stats_.num_waiting = scheduler_.num_waiting();
+  stats_.kv = kv_.usage();
+  stats_.scheduler = scheduler_.stats();
+  stats_.finished_stop = finished_stop_;
+  stats_.finished_length = finished_length_;
+  stats_.finished_abort = finished_abort_;
+  stats_.failed = failed_;
+  stats_snapshot_waiting_ = stats_.num_waiting;
+}
+
+}  // namespace pagellm::engine

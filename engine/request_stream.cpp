@@ -1,0 +1,59 @@
+#include "engine/request_stream.h"
+
+namespace pagellm::engine {
+
+void RequestStream::merge(GenerationChunk& into, GenerationChunk&& from) {
+  into.text += from.text;
+  for (SampledToken& t : from.tokens)
+    into.tokens.push_back(std::move(t));
+  if (from.finished) {
+    into.finished = true;
+    into.finish_reason = from.finish_reason;
+    into.error = std::move(from.error);
+    into.usage = from.usage;
+    into.times = from.times;
+  }
+}
+
+std::optional<GenerationChunk> RequestStream::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!ready_.wait_for(lock, timeout, [&] { return !chunks_.empty() || finished_taken_; })) {
+    return std::nullopt;
+  }
+  if (chunks_.empty()) return std::nullopt;
+  GenerationChunk out = std::move(chunks_.front());
+  chunks_.pop_front();
+  while (!chunks_.empty()) {
+    merge(out, std::move(chunks_.front()));
+    chunks_.pop_front();
+  }
+  if (out.finished) finished_taken_ = true;
+  return out;
+}
+
+GenerationChunk RequestStream::collect() {
+  GenerationChunk all;
+  while (!all.finished) {
+    auto chunk = next(std::chrono::milliseconds(1000));
+    if (chunk) merge(all, std::move(*chunk));
+    if (!chunk && finished()) break;
+  }
+  return all;
+}
+
+void RequestStream::push(GenerationChunk chunk) {
+  {
+    std::lock_guard lock(mutex_);
+    if (finished_pushed_) return;  // nothing after the end
+    finished_pushed_ = chunk.finished;
+    chunks_.push_back(std::move(chunk));
+  }
+  ready_.notify_all();
+}
+
+bool RequestStream::finished() const {
+  std::lock_guard lock(mutex_);
+  return finished_taken_;
+}
+
+}  // namespace pagellm::engine

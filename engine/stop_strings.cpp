@@ -1,0 +1,45 @@
+#include "engine/stop_strings.h"
+
+#include <algorithm>
+
+namespace pagellm::engine {
+
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) {
+  for (std::string& s : stops) {
+    if (!s.empty()) stops_.push_back(std::move(s));
+  }
+  for (const std::string& s : stops_)
+    hold_ = std::max(hold_, s.size() - 1);
+}
+
+std::string StopStringMatcher::push(std::string_view text) {
+  if (stopped_) return {};
+  if (stops_.empty()) return std::string(text);
+  pending_.append(text);
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_)
+    first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  if (pending_.size() <= hold_) return {};
+  size_t cut = pending_.size() - hold_;
+  // Do not split a UTF-8 character: back up over continuation bytes.
+  while (cut > 0 && (static_cast<unsigned char>(pending_[cut]) & 0xC0) == 0x80)
+    --cut;
+  std::string out = pending_.substr(0, cut);
+  pending_.erase(0, cut);
+  return out;
+}
+
+std::string StopStringMatcher::flush() {
+  if (stopped_) return {};
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace pagellm::engine

@@ -1,0 +1,33 @@
+#pragma once
+// StopStringMatcher: finds a request's stop strings in its streamed text.
+//
+// Text that could still turn out to be the start of a stop string is held back, so the
+// client never receives part of a stop string; the stop string itself is not returned
+// (as OpenAI does). Held-back text is cut at UTF-8 character boundaries.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagellm::engine {
+
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stops);
+
+  // Appends new text; returns what can be sent now. Once a stop string is found, the
+  // text before it is returned, stopped() turns true and later calls return nothing.
+  std::string push(std::string_view text);
+  // The end of the stream: returns the held-back text (nothing after a stop).
+  std::string flush();
+  bool stopped() const { return stopped_; }
+  bool empty() const { return stops_.empty(); }
+
+ private:
+  std::vector<std::string> stops_;
+  size_t hold_ = 0;  // longest stop string - 1: bytes that may start a match
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace pagellm::engine

@@ -1,0 +1,192 @@
+// The engine end to end on a tiny demo model: concurrency, preemption, abort, stop
+// strings, seeds, usage and refusals, through the public submit/stream interface.
+
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "engine/demo_model.h"
+
+namespace pagellm::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using scheduler::FinishReason;
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        ("pagellm_engine_test_" + std::to_string(::getpid())));
+    write_demo_model(*dir_, demo_model_preset("tiny"));
+    tokenizer_ = new std::shared_ptr<const Tokenizer>(
+        std::make_shared<Tokenizer>(Tokenizer::from_dir(*dir_)));
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete tokenizer_;
+  }
+
+  static std::unique_ptr<Engine> make_engine(int64_t num_blocks, int32_t max_num_seqs = 64,
+                                             int32_t max_waiting = 1000) {
+    EngineConfig config;
+    config.num_kv_blocks = num_blocks;
+    config.scheduler.max_num_seqs = max_num_seqs;
+    config.scheduler.max_num_batched_tokens = 256;
+    config.scheduler.max_waiting = max_waiting;
+    config.seed = 1;
+    return std::make_unique<Engine>(LlamaModel::load(*dir_), *tokenizer_, config);
+  }
+
+  static GenerationRequest greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    return r;
+  }
+
+  static std::vector<int32_t> token_ids(const GenerationChunk& c) {
+    std::vector<int32_t> ids;
+    for (const auto& t : c.tokens)
+      ids.push_back(t.token);
+    return ids;
+  }
+
+  static inline fs::path* dir_ = nullptr;
+  static inline std::shared_ptr<const Tokenizer>* tokenizer_ = nullptr;
+};
+
+TEST_F(EngineTest, ConcurrentRequestsGetTheirSoloTokensEvenWithPreemption) {
+  std::mt19937 rng(5);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 64; ++i) {
+    std::vector<int32_t> prompt(5 + rng() % 60);
+    for (auto& t : prompt)
+      t = 3 + rng() % 400;
+    if (i % 4 == 0)
+      prompt.insert(prompt.begin(),
+                    {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23});
+    requests.push_back(greedy(prompt, 12 + rng() % 12));
+  }
+  // Alone: one request at a time on a roomy engine.
+  std::vector<std::vector<int32_t>> solo;
+  {
+    auto engine = make_engine(512);
+    for (const auto& r : requests) {
+      auto submitted = engine->submit(r);
+      ASSERT_TRUE(submitted.ok()) << submitted.message;
+      const GenerationChunk all = submitted.stream->collect();
+      ASSERT_EQ(all.finish_reason, FinishReason::kLength);
+      solo.push_back(token_ids(all));
+    }
+  }
+  // Together, from several threads at once, on a pool far too small for all of them.
+  auto engine = make_engine(24);
+  std::vector<std::shared_ptr<RequestStream>> streams(requests.size());
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      for (size_t i = c; i < requests.size(); i += 4) {
+        auto submitted = engine->submit(requests[i]);
+        streams[i] = submitted.stream;
+      }
+    });
+  }
+  for (auto& t : clients)
+    t.join();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(streams[i]) << "request " << i << " refused";
+    const GenerationChunk all = streams[i]->collect();
+    EXPECT_EQ(token_ids(all), solo[i]) << "request " << i;
+    EXPECT_EQ(all.usage.completion_tokens, static_cast<int32_t>(solo[i].size()));
+    EXPECT_EQ(all.usage.prompt_tokens, static_cast<int32_t>(requests[i].prompt.size()));
+  }
+  const EngineStats stats = engine->stats();
+  EXPECT_GT(stats.scheduler.num_preemptions, 0) << "the pool was meant to force preemptions";
+  EXPECT_EQ(stats.kv.used_blocks, 0);
+  EXPECT_EQ(stats.num_running + stats.num_waiting, 0);
+  EXPECT_GT(stats.kv.prefix_hit_tokens, 0);
+}
+
+TEST_F(EngineTest, AbortMidStreamFreesTheBlocks) {
+  auto engine = make_engine(64);
+  auto submitted = engine->submit(greedy(std::vector<int32_t>(40, 5), 500));
+  ASSERT_TRUE(submitted.ok());
+  auto first = submitted.stream->next(std::chrono::seconds(10));
+  ASSERT_TRUE(first);
+  engine->abort(submitted.stream->id());
+  GenerationChunk rest = submitted.stream->collect();
+  EXPECT_TRUE(rest.finished);
+  EXPECT_EQ(rest.finish_reason, FinishReason::kAbort);
+  // The step that handled the abort freed the blocks; stats follow that step.
+  for (int i = 0; i < 100 && engine->stats().kv.used_blocks != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(engine->stats().kv.used_blocks, 0);
+  EXPECT_EQ(engine->stats().finished_abort, 1);
+}
+
+TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
+  auto engine = make_engine(64);
+  const std::vector<int32_t> prompt(12, 40);
+  const GenerationChunk full = engine->submit(greedy(prompt, 40)).stream->collect();
+  ASSERT_GT(full.text.size(), 20u) << full.text;
+  const std::string stop = full.text.substr(10, 3);
+  GenerationRequest r = greedy(prompt, 40);
+  r.params.stop = {stop};
+  const GenerationChunk cut = engine->submit(r).stream->collect();
+  EXPECT_EQ(cut.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(engine->stats().kv.used_blocks, 0);
+}
+
+TEST_F(EngineTest, SameSeedSameTokens) {
+  auto engine = make_engine(64);
+  GenerationRequest r = greedy(std::vector<int32_t>(10, 33), 20);
+  r.params.temperature = 1.0f;
+  r.params.seed = 1234;
+  const auto a = token_ids(engine->submit(r).stream->collect());
+  const auto b = token_ids(engine->submit(r).stream->collect());
+  r.params.seed = 99;
+  const auto c = token_ids(engine->submit(r).stream->collect());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST_F(EngineTest, UsageCountsCachedPromptTokensAndTimesAreOrdered) {
+  auto engine = make_engine(64);
+  const std::vector<int32_t> prompt(50, 77);
+  const GenerationChunk first = engine->submit(greedy(prompt, 4)).stream->collect();
+  const GenerationChunk second = engine->submit(greedy(prompt, 4)).stream->collect();
+  EXPECT_EQ(first.usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(second.usage.cached_prompt_tokens, 48);
+  const auto& t = second.times;
+  EXPECT_LE(t.arrival, t.first_scheduled);
+  EXPECT_LE(t.first_scheduled, t.first_token);
+  EXPECT_LE(t.first_token, t.last_token);
+  EXPECT_LE(t.last_token, t.finished);
+}
+
+TEST_F(EngineTest, RefusesWhatCanNeverRunAndFullQueues) {
+  auto engine = make_engine(4, 64, /*max_waiting=*/0);
+  auto too_long = engine->submit(greedy(std::vector<int32_t>(10, 1), 100000));
+  EXPECT_FALSE(too_long.ok());
+  EXPECT_EQ(too_long.status, scheduler::AddStatus::kTooLong);
+  auto too_big = engine->submit(greedy(std::vector<int32_t>(60, 1), 10));
+  EXPECT_EQ(too_big.status, scheduler::AddStatus::kNeverFits) << too_big.message;
+  auto bad_id = engine->submit(greedy({1, 2, 1 << 20}, 1));
+  EXPECT_EQ(bad_id.status, scheduler::AddStatus::kInvalid);
+  auto full = engine->submit(greedy({1, 2, 3}, 1));
+  EXPECT_EQ(full.status, scheduler::AddStatus::kQueueFull);
+  EXPECT_NE(full.message.find("retry"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagellm::engine

@@ -1,0 +1,56 @@
+#include "engine/stop_strings.h"
+
+#include <gtest/gtest.h>
+
+namespace pagellm::engine {
+namespace {
+
+// Streams `pieces` and returns everything emitted plus the flush.
+std::string stream(StopStringMatcher& m, const std::vector<std::string>& pieces) {
+  std::string out;
+  for (const auto& p : pieces)
+    out += m.push(p);
+  return out + m.flush();
+}
+
+TEST(StopStringMatcher, WithoutStopsEverythingPassesAtOnce) {
+  StopStringMatcher m({});
+  EXPECT_EQ(m.push("hello"), "hello");
+  EXPECT_EQ(m.flush(), "");
+}
+
+TEST(StopStringMatcher, StopsBeforeTheStopStringAcrossPieces) {
+  StopStringMatcher m({"END"});
+  EXPECT_EQ(stream(m, {"one two E", "N", "D three"}), "one two ");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.push("more"), "");
+}
+
+TEST(StopStringMatcher, HoldsBackOnlyWhatCouldStartAStop) {
+  StopStringMatcher m({"\n\n", "###"});
+  EXPECT_EQ(m.push("abc"), "a");  // "bc" could start "###"? no, but 2 bytes are held
+  EXPECT_EQ(m.push("def"), "bcd");
+  EXPECT_EQ(m.flush(), "ef");
+  EXPECT_FALSE(m.stopped());
+}
+
+TEST(StopStringMatcher, EarliestStopWins) {
+  StopStringMatcher m({"world", "lo"});
+  EXPECT_EQ(stream(m, {"hello world"}), "hel");
+}
+
+TEST(StopStringMatcher, NeverSplitsAUtf8Character) {
+  StopStringMatcher m({"xy"});
+  // "é" is 2 bytes; holding back 1 byte must not cut it in half: all of it waits.
+  EXPECT_EQ(m.push("ab\xC3\xA9"), "ab");
+  EXPECT_EQ(m.flush(), "\xC3\xA9");
+}
+
+TEST(StopStringMatcher, EmptyStopStringsAreIgnored) {
+  StopStringMatcher m({""});
+  EXPECT_TRUE(m.empty());
+  EXPECT_EQ(m.push("abc"), "abc");
+}
+
+}  // namespace
+}  // namespace pagellm::engine
