@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/demo_model.h"
+#include "bench/bench_model.h"
 #include "engine/engine.h"
 
 using namespace pagellm;
@@ -73,13 +73,7 @@ struct Row {
 
 int main(int argc, char** argv) try {
   Options opt = parse(argc, argv);
-  if (opt.model.empty()) {
-    opt.model = "models/bench";
-    if (!std::filesystem::exists(opt.model / "config.json")) {
-      std::fprintf(stderr, "writing the bench demo model to %s ...\n", opt.model.c_str());
-      engine::write_demo_model(opt.model, engine::demo_model_preset("bench"));
-    }
-  }
+  opt.model = bench::bench_model_dir(opt.model);
   auto tokenizer =
       std::make_shared<const engine::Tokenizer>(engine::Tokenizer::from_dir(opt.model));
   engine::EngineConfig config;

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_model.h"
 #include "bench/memory_bandwidth.h"
-#include "engine/demo_model.h"
 #include "engine/forward_batch_builder.h"
 #include "engine/kv_cache_memory.h"
 #include "engine/llama_model.h"
@@ -83,13 +83,7 @@ struct DecodeResult {
 
 int main(int argc, char** argv) try {
   Options opt = parse(argc, argv);
-  if (opt.model.empty()) {
-    opt.model = "models/bench";
-    if (!std::filesystem::exists(opt.model / "config.json")) {
-      std::fprintf(stderr, "writing the bench demo model to %s ...\n", opt.model.c_str());
-      engine::write_demo_model(opt.model, engine::demo_model_preset("bench"));
-    }
-  }
+  opt.model = bench::bench_model_dir(opt.model);
   const double bandwidth = bench::measure_copy_bandwidth();
   auto model = engine::LlamaModel::load(opt.model);
   const engine::ModelConfig& config = model->config();

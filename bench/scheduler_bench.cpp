@@ -14,40 +14,65 @@
 namespace pagellm::scheduler {
 namespace {
 
+// `running` decoding sequences (prompts of 256 tokens, staggered output lengths so they
+// finish at different steps) and `waiting` more queued behind the sequence cap.
+// Finished sequences are replaced, so the shape holds however long the benchmark runs.
+class SteadyLoad {
+ public:
+  SteadyLoad(int running, int waiting)
+      : kv_(running * paging::blocks_for_tokens(kPrompt + kMaxTokens) + 64),
+        scheduler_(config(running, waiting), kv_) {
+    for (int i = 0; i < running + waiting; ++i)
+      add();
+    // Warm up until every running sequence is decoding.
+    for (int i = 0; i < 64; ++i)
+      finish_step(scheduler_.schedule(0));
+  }
+
+  Scheduler& scheduler() { return scheduler_; }
+
+  // The model's part of a step, faked: one token per sequence, then update().
+  void finish_step(const ScheduledBatch& batch) {
+    sampled_.assign(batch.seqs.size(), 7);
+    for (auto& done : scheduler_.update(batch, sampled_, 0))
+      add();
+  }
+
+ private:
+  static constexpr int kPrompt = 256, kMaxTokens = 512;
+
+  static SchedulerConfig config(int running, int waiting) {
+    SchedulerConfig c;
+    c.max_num_seqs = running;
+    c.max_num_batched_tokens = 8192;
+    c.max_model_len = 4096;
+    c.max_waiting = running + waiting + 1;
+    return c;
+  }
+
+  void add() {
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_id_++;
+    seq->tokens.resize(kPrompt);
+    for (auto& t : seq->tokens)
+      t = static_cast<int32_t>(rng_() % 32000);
+    seq->prompt_len = kPrompt;
+    seq->params.max_tokens = 64 + static_cast<int32_t>(rng_() % (kMaxTokens - 64));
+    scheduler_.add(std::move(seq), 0);
+  }
+
+  paging::KVCacheManager kv_;
+  Scheduler scheduler_;
+  std::mt19937 rng_{1};
+  paging::SeqId next_id_ = 0;
+  std::vector<int32_t> sampled_;
+};
+
 void BM_Schedule(benchmark::State& state) {
   const int running = static_cast<int>(state.range(0));
   const int waiting = static_cast<int>(state.range(1));
-  constexpr int kPrompt = 256, kMaxTokens = 512;
-  paging::KVCacheManager kv(running * paging::blocks_for_tokens(kPrompt + kMaxTokens) + 64);
-  SchedulerConfig config;
-  config.max_num_seqs = running;
-  config.max_num_batched_tokens = 8192;
-  config.max_model_len = 4096;
-  config.max_waiting = running + waiting + 1;
-  Scheduler s(config, kv);
-  std::mt19937 rng(1);
-  paging::SeqId next_id = 0;
-  auto add = [&] {
-    auto seq = std::make_unique<Sequence>();
-    seq->id = next_id++;
-    seq->tokens.resize(kPrompt);
-    for (auto& t : seq->tokens)
-      t = static_cast<int32_t>(rng() % 32000);
-    seq->prompt_len = kPrompt;
-    // Staggered lengths so that sequences finish at different steps.
-    seq->params.max_tokens = 64 + static_cast<int32_t>(rng() % (kMaxTokens - 64));
-    s.add(std::move(seq), 0);
-  };
-  for (int i = 0; i < running + waiting; ++i)
-    add();
-  std::vector<int32_t> sampled;
-  // Warm up until every running sequence is decoding.
-  for (int i = 0; i < 64; ++i) {
-    const ScheduledBatch b = s.schedule(0);
-    sampled.assign(b.seqs.size(), 7);
-    for (auto& done : s.update(b, sampled, 0))
-      add();
-  }
+  SteadyLoad load(running, waiting);
+  Scheduler& s = load.scheduler();
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
     const ScheduledBatch b = s.schedule(0);
@@ -57,9 +82,7 @@ void BM_Schedule(benchmark::State& state) {
       state.SkipWithError("the batch lost its shape");
       break;
     }
-    sampled.assign(b.seqs.size(), 7);
-    for (auto& done : s.update(b, sampled, 0))
-      add();
+    load.finish_step(b);
   }
   state.counters["running"] = s.num_running();
   state.counters["waiting"] = s.num_waiting();
@@ -68,40 +91,9 @@ BENCHMARK(BM_Schedule)->Args({256, 1000})->UseManualTime()->Unit(benchmark::kMic
 
 // schedule() and update() together: the scheduler's whole share of a step.
 void BM_ScheduleAndUpdate(benchmark::State& state) {
-  paging::KVCacheManager kv(256 * 48 + 64);
-  SchedulerConfig config;
-  config.max_num_seqs = 256;
-  config.max_num_batched_tokens = 8192;
-  config.max_model_len = 4096;
-  config.max_waiting = 2000;
-  Scheduler s(config, kv);
-  std::mt19937 rng(2);
-  paging::SeqId next_id = 0;
-  auto add = [&] {
-    auto seq = std::make_unique<Sequence>();
-    seq->id = next_id++;
-    seq->tokens.resize(256);
-    for (auto& t : seq->tokens)
-      t = static_cast<int32_t>(rng() % 32000);
-    seq->prompt_len = 256;
-    seq->params.max_tokens = 64 + static_cast<int32_t>(rng() % 448);
-    s.add(std::move(seq), 0);
-  };
-  for (int i = 0; i < 1256; ++i)
-    add();
-  std::vector<int32_t> sampled;
-  for (int i = 0; i < 64; ++i) {
-    const ScheduledBatch b = s.schedule(0);
-    sampled.assign(b.seqs.size(), 7);
-    for (auto& done : s.update(b, sampled, 0))
-      add();
-  }
-  for (auto _ : state) {
-    const ScheduledBatch b = s.schedule(0);
-    sampled.assign(b.seqs.size(), 7);
-    for (auto& done : s.update(b, sampled, 0))
-      add();
-  }
+  SteadyLoad load(256, 1000);
+  for (auto _ : state)
+    load.finish_step(load.scheduler().schedule(0));
 }
 BENCHMARK(BM_ScheduleAndUpdate)->Unit(benchmark::kMicrosecond);
 
