@@ -237,6 +237,7 @@ void Engine::step() {
     GenerationChunk chunk;
     chunk.text = r->stops.push(r->detokenizer.add(token.token));
     chunk.tokens.push_back(std::move(token));
+    chunk.token_times.push_back(t);
     const bool stopped = r->stops.stopped();
     r->stream->push(std::move(chunk));
     if (stopped) {

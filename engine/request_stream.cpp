@@ -6,6 +6,7 @@ void RequestStream::merge(GenerationChunk& into, GenerationChunk&& from) {
   into.text += from.text;
   for (SampledToken& t : from.tokens)
     into.tokens.push_back(std::move(t));
+  into.token_times.insert(into.token_times.end(), from.token_times.begin(), from.token_times.end());
   if (from.finished) {
     into.finished = true;
     into.finish_reason = from.finish_reason;

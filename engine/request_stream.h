@@ -27,6 +27,7 @@ struct Usage {
 struct GenerationChunk {
   std::string text;                  // newly completed text (stop strings held back)
   std::vector<SampledToken> tokens;  // new tokens, with logprobs when asked for
+  std::vector<double> token_times;   // when each token was sampled (engine clock)
   bool finished = false;
   scheduler::FinishReason finish_reason = scheduler::FinishReason::kNone;
   std::string error;  // set when the request failed inside the engine

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -172,6 +173,10 @@ TEST_F(EngineTest, UsageCountsCachedPromptTokensAndTimesAreOrdered) {
   EXPECT_LE(t.first_scheduled, t.first_token);
   EXPECT_LE(t.first_token, t.last_token);
   EXPECT_LE(t.last_token, t.finished);
+  ASSERT_EQ(second.token_times.size(), 4u);
+  EXPECT_EQ(second.token_times.front(), t.first_token);
+  EXPECT_EQ(second.token_times.back(), t.last_token);
+  EXPECT_TRUE(std::is_sorted(second.token_times.begin(), second.token_times.end()));
 }
 
 TEST_F(EngineTest, RefusesWhatCanNeverRunAndFullQueues) {
