@@ -21,7 +21,7 @@ constexpr Subcommand kSubcommands[] = {
      "               [--backend auto|cpu|cuda] [--num-kv-blocks N | --kv-cache-bytes B]\n"
      "               [--max-num-seqs N] [--max-num-batched-tokens N] [--api-key KEY]\n"
      "               [--served-model-name NAME] [--log-level info]",
-     nullptr},
+     run_serve},
     {"demo-model", "demo-model DIR [--preset tiny|small|bench]", run_demo_model},
     {"tokenize", "tokenize --model DIR [--decode] [--add-special-tokens]   (JSON lines in/out)",
      run_tokenize},

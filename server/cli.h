@@ -14,5 +14,6 @@ int run(Args args);  // dispatches on args[0], the subcommand
 int run_tokenize(Args args);
 int run_render_chat(Args args);
 int run_demo_model(Args args);
+int run_serve(Args args);
 
 }  // namespace pagellm::cli

@@ -1,0 +1,324 @@
+// `pagellm serve`: loads a model, starts the engine and the OpenAI-compatible HTTP server,
+// and shuts down gracefully on SIGINT/SIGTERM.
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "engine/demo_model.h"
+#include "engine/engine.h"
+#include "engine/kv_cache_memory.h"
+#include "engine/llama_model.h"
+#include "engine/tokenizer.h"
+#include "server/cli.h"
+#include "server/cli_args.h"
+#include "server/http_server.h"
+
+namespace pagellm::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: pagellm serve [options]\n"
+    "\n"
+    "Serves a model over an OpenAI-compatible HTTP API: /v1/chat/completions,\n"
+    "/v1/completions, /v1/models, /tokenize, /detokenize, /health and /metrics.\n"
+    "\n"
+    "  --model DIR                 Hugging Face model folder (default: the demo model,\n"
+    "                              written to models/demo on first use)\n"
+    "  --config FILE               JSON file whose keys are these options without the\n"
+    "                              leading dashes (see configs/default.json); flags\n"
+    "                              given on the command line override it\n"
+    "  --host ADDR                 address to listen on (default 127.0.0.1)\n"
+    "  --port N                    port (default 8000; 0 picks a free one)\n"
+    "  --backend auto|cpu          compute backend (default auto: the CPU in this build)\n"
+    "  --num-kv-blocks N           KV cache size in 16-token blocks, or\n"
+    "  --kv-cache-bytes B          KV cache size in bytes (default: 1 GiB, or less when\n"
+    "                              max-num-seqs full contexts need less)\n"
+    "  --max-num-seqs N            sequences in one batch (default 256)\n"
+    "  --max-num-batched-tokens N  tokens in one forward pass (default 2048)\n"
+    "  --max-model-len N           context window (default: the model's)\n"
+    "  --max-waiting N             queued requests before 429 (default 4096)\n"
+    "  --api-key KEY               require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'\n"
+    "                              (/health and /metrics stay open)\n"
+    "  --served-model-name NAME    the model id clients use (default: the folder name)\n"
+    "  --chat-template FILE        Jinja chat template instead of the model's own\n"
+    "  --log-level LEVEL           trace, debug, info (default), warn, error\n"
+    "  --shutdown-timeout S        seconds requests in flight get to finish after\n"
+    "                              SIGINT/SIGTERM before they are aborted (default 30)\n";
+
+const std::vector<std::string> kOptions = {"--model",
+                                           "--config",
+                                           "--host",
+                                           "--port",
+                                           "--backend",
+                                           "--num-kv-blocks",
+                                           "--kv-cache-bytes",
+                                           "--max-num-seqs",
+                                           "--max-num-batched-tokens",
+                                           "--max-model-len",
+                                           "--max-waiting",
+                                           "--api-key",
+                                           "--served-model-name",
+                                           "--chat-template",
+                                           "--log-level",
+                                           "--shutdown-timeout"};
+
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string backend = "auto";
+  std::optional<int64_t> num_kv_blocks;
+  std::optional<int64_t> kv_cache_bytes;
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_model_len = 0;
+  int32_t max_waiting = 4096;
+  std::string api_key;
+  std::string served_model_name;
+  std::string chat_template;
+  std::string log_level = "info";
+  double shutdown_timeout = 30;
+};
+
+int64_t parse_int(const std::string& name, const std::string& text, int64_t lo, int64_t hi) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used, 10);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || v < lo || v > hi) {
+    throw UsageError(name + " must be an integer in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "], not '" + text + "'");
+  }
+  return v;
+}
+
+// Config file values as option strings, keyed by flag name ("max_num_seqs" and
+// "max-num-seqs" both name --max-num-seqs).
+std::map<std::string, std::string> read_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("cannot read the config file " + path);
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UsageError("config file " + path + " is not valid JSON: " + e.what());
+  }
+  if (!config.is_object()) throw UsageError("config file " + path + " must hold a JSON object");
+  std::map<std::string, std::string> values;
+  for (auto it = config.begin(); it != config.end(); ++it) {
+    std::string name = "--" + it.key();
+    std::replace(name.begin(), name.end(), '_', '-');
+    if (std::find(kOptions.begin(), kOptions.end(), name) == kOptions.end() || name == "--config") {
+      throw UsageError("config file " + path + ": unknown key '" + it.key() + "'");
+    }
+    if (it->is_null()) continue;
+    if (it->is_string()) {
+      values[name] = it->get<std::string>();
+    } else if (it->is_number() || it->is_boolean()) {
+      values[name] = it->dump();
+    } else {
+      throw UsageError("config file " + path + ": '" + it.key() + "' must be a string or number");
+    }
+  }
+  return values;
+}
+
+ServeOptions parse_options(const ArgReader& reader) {
+  std::map<std::string, std::string> values;
+  if (auto config = reader.option("--config")) values = read_config(*config);
+  for (const std::string& name : kOptions) {
+    if (auto v = reader.option(name)) values[name] = *v;
+  }
+  auto get = [&](const char* name) -> std::optional<std::string> {
+    auto it = values.find(name);
+    if (it == values.end()) return std::nullopt;
+    return it->second;
+  };
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  ServeOptions o;
+  if (auto v = get("--model")) o.model = *v;
+  if (auto v = get("--host")) o.host = *v;
+  if (auto v = get("--port")) o.port = static_cast<int>(parse_int("--port", *v, 0, 65535));
+  if (auto v = get("--backend")) o.backend = *v;
+  if (auto v = get("--num-kv-blocks"))
+    o.num_kv_blocks = parse_int("--num-kv-blocks", *v, 1, kInt32Max);
+  if (auto v = get("--kv-cache-bytes")) {
+    o.kv_cache_bytes = parse_int("--kv-cache-bytes", *v, 1, std::numeric_limits<int64_t>::max());
+  }
+  if (o.num_kv_blocks && o.kv_cache_bytes) {
+    throw UsageError("give --num-kv-blocks or --kv-cache-bytes, not both");
+  }
+  if (auto v = get("--max-num-seqs")) {
+    o.max_num_seqs = static_cast<int32_t>(parse_int("--max-num-seqs", *v, 1, 65536));
+  }
+  if (auto v = get("--max-num-batched-tokens")) {
+    o.max_num_batched_tokens =
+        static_cast<int32_t>(parse_int("--max-num-batched-tokens", *v, 1, kInt32Max));
+  }
+  if (auto v = get("--max-model-len")) {
+    o.max_model_len = static_cast<int32_t>(parse_int("--max-model-len", *v, 0, kInt32Max));
+  }
+  if (auto v = get("--max-waiting")) {
+    o.max_waiting = static_cast<int32_t>(parse_int("--max-waiting", *v, 0, kInt32Max));
+  }
+  if (auto v = get("--api-key")) o.api_key = *v;
+  if (auto v = get("--served-model-name")) o.served_model_name = *v;
+  if (auto v = get("--chat-template")) o.chat_template = *v;
+  if (auto v = get("--log-level")) o.log_level = *v;
+  if (auto v = get("--shutdown-timeout")) {
+    o.shutdown_timeout = static_cast<double>(parse_int("--shutdown-timeout", *v, 0, 24 * 3600));
+  }
+  if (o.backend == "cuda") {
+    throw UsageError("--backend cuda: this build has no CUDA support (rebuild with CUDA)");
+  }
+  if (o.backend != "auto" && o.backend != "cpu") {
+    throw UsageError("--backend must be auto or cpu, not '" + o.backend + "'");
+  }
+  const auto level = spdlog::level::from_str(o.log_level);
+  if (level == spdlog::level::off && o.log_level != "off") {
+    throw UsageError("--log-level must be trace, debug, info, warn, error or off, not '" +
+                     o.log_level + "'");
+  }
+  return o;
+}
+
+// The demo model, written on first use, when no --model is given.
+std::filesystem::path demo_model_dir() {
+  const std::filesystem::path dir = "models/demo";
+  if (!std::filesystem::exists(dir / "config.json")) {
+    spdlog::info("no --model given: writing the demo model (preset small) to {}", dir.string());
+    engine::write_demo_model(dir, engine::demo_model_preset("small"));
+  }
+  return dir;
+}
+
+int64_t default_kv_blocks(const engine::ModelConfig& model, const ServeOptions& o) {
+  const int64_t context = o.max_model_len > 0 ? o.max_model_len : model.max_position_embeddings;
+  const int64_t needed = (int64_t(o.max_num_seqs) * context + 15) / 16 + 1;
+  const int64_t budget =
+      engine::kv_blocks_for_bytes(model, engine::default_kv_dtype(model), int64_t(1) << 30);
+  return std::max<int64_t>(1, std::min(needed, budget));
+}
+
+// Waits for SIGINT/SIGTERM (blocked in every thread, taken here) or for `stopped`.
+bool wait_for_signal(const std::atomic<bool>& stopped, std::chrono::milliseconds limit) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!stopped && std::chrono::steady_clock::now() < deadline) {
+    timespec tick{0, 100'000'000};
+    if (sigtimedwait(&set, nullptr, &tick) > 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int run_serve(Args args) {
+  ServeOptions o;
+  try {
+    std::set<std::string> options(kOptions.begin(), kOptions.end());
+    ArgReader reader(args, options, {});
+    if (reader.help()) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (!reader.positional().empty()) {
+      throw UsageError("unexpected argument '" + reader.positional().front() + "'");
+    }
+    o = parse_options(reader);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "pagellm serve: %s\n\n%s", e.what(), kUsage);
+    return 2;
+  }
+  spdlog::set_level(spdlog::level::from_str(o.log_level));
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+
+  // Signals go to the waiting loop below, not to whichever thread they hit; threads
+  // started from here on inherit the mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<server::HttpServer> http;
+  int port = 0;
+  try {
+    const std::filesystem::path model_dir =
+        o.model.empty() ? demo_model_dir() : std::filesystem::path(o.model);
+    auto tokenizer =
+        std::make_shared<const engine::Tokenizer>(engine::Tokenizer::from_dir(model_dir));
+    auto model = engine::LlamaModel::load(model_dir);
+    engine::EngineConfig config;
+    config.scheduler.max_num_seqs = o.max_num_seqs;
+    config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+    config.scheduler.max_model_len = o.max_model_len;
+    config.scheduler.max_waiting = o.max_waiting;
+    const engine::ModelConfig& mc = model->config();
+    if (o.num_kv_blocks) {
+      config.num_kv_blocks = *o.num_kv_blocks;
+    } else if (o.kv_cache_bytes) {
+      config.num_kv_blocks =
+          engine::kv_blocks_for_bytes(mc, engine::default_kv_dtype(mc), *o.kv_cache_bytes);
+    } else {
+      config.num_kv_blocks = default_kv_blocks(mc, o);
+    }
+    engine = std::make_unique<engine::Engine>(std::move(model), tokenizer, config);
+    spdlog::info("model {}: {}", model_dir.string(), engine->kv_plan().describe());
+    spdlog::info("max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
+                 engine->config().scheduler.max_model_len, o.max_num_seqs,
+                 o.max_num_batched_tokens);
+
+    server::HttpServerOptions http_options;
+    http_options.host = o.host;
+    http_options.port = o.port;
+    http_options.api_key = o.api_key;
+    http_options.model_dir = model_dir;
+    http_options.served_model_name = !o.served_model_name.empty()
+                                         ? o.served_model_name
+                                         : std::filesystem::absolute(model_dir).filename().string();
+    if (!o.chat_template.empty()) http_options.chat_template = o.chat_template;
+    http = std::make_unique<server::HttpServer>(*engine, tokenizer, http_options);
+    port = http->bind();
+    spdlog::info("serving '{}' on http://{}:{}", http_options.served_model_name, o.host, port);
+  } catch (const std::exception& e) {
+    spdlog::error("pagellm serve: {}", e.what());
+    return 1;
+  }
+
+  std::atomic<bool> stopped{false};
+  std::thread listener([&] {
+    http->serve();
+    stopped = true;
+  });
+  wait_for_signal(stopped, std::chrono::hours(24 * 365 * 100));
+  if (!stopped) {
+    spdlog::info("shutting down: waiting up to {} s for requests in flight", o.shutdown_timeout);
+    http->shutdown();
+    const auto limit = std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout * 1000));
+    // A second signal, or the time limit, cuts the wait short.
+    wait_for_signal(stopped, limit);
+    if (!stopped) spdlog::warn("aborting the requests still in flight");
+  }
+  engine->stop();  // aborts what is left, so that their handlers return
+  listener.join();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace pagellm::cli

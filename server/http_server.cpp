@@ -1,0 +1,544 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "engine/chat_template.h"
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "server/metrics.h"
+#include "server/openai_protocol.h"
+
+namespace pagellm::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using scheduler::AddStatus;
+using scheduler::FinishReason;
+
+constexpr const char* kJson = "application/json";
+
+// One line per request, written when the last holder lets go: at the end of the
+// handler, or when a stream has been written out.
+struct AccessLog {
+  std::string id;
+  std::string method;
+  std::string path;
+  int status = 0;
+  int64_t tokens_in = 0;
+  int64_t tokens_out = 0;
+  double ttft = -1;  // seconds; < 0: none
+  Clock::time_point start = Clock::now();
+
+  ~AccessLog() {
+    const double total = std::chrono::duration<double>(Clock::now() - start).count();
+    if (ttft >= 0) {
+      spdlog::info("{} {} {} {} in={} out={} ttft={:.3f}s total={:.3f}s", id, method, path, status,
+                   tokens_in, tokens_out, ttft, total);
+    } else {
+      spdlog::info("{} {} {} {} in={} out={} total={:.3f}s", id, method, path, status, tokens_in,
+                   tokens_out, total);
+    }
+  }
+};
+
+std::string random_hex(size_t n) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* digits = "0123456789abcdef";
+  std::string out(n, '0');
+  for (char& c : out)
+    c = digits[rng() & 15];
+  return out;
+}
+
+// Compares without an early exit, so the time taken does not tell how much matched.
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = a.empty() ? 0 : a[i % a.size()];
+    const unsigned char y = b.empty() ? 0 : b[i % b.size()];
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* finish_name(FinishReason r) {
+  return r == FinishReason::kLength ? "length" : "stop";
+}
+
+// One choice of a request: its stream and what has been gathered so far.
+struct Choice {
+  int32_t index = 0;
+  int32_t prompt_index = 0;
+  std::shared_ptr<engine::RequestStream> stream;
+  bool started = false;  // role chunk sent
+  bool done = false;
+  engine::GenerationChunk final;  // the finished chunk (usage, reason, times)
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  engine::Engine& engine;
+  std::shared_ptr<const engine::Tokenizer> tokenizer;
+  HttpServerOptions options;
+  std::optional<engine::ChatTemplate> chat_template;
+  std::string chat_template_error;
+  engine::ChatRenderOptions render_defaults;
+  ServerMetrics metrics;
+  httplib::Server http;
+  std::atomic<bool> draining{false};
+  int64_t created = unix_now();
+
+  Impl(engine::Engine& e, std::shared_ptr<const engine::Tokenizer> t, HttpServerOptions o)
+      : engine(e), tokenizer(std::move(t)), options(std::move(o)) {
+    render_defaults = engine::chat_render_options(engine::load_tokenizer_config(options.model_dir));
+    try {
+      chat_template = engine::load_chat_template(options.model_dir, options.chat_template);
+    } catch (const std::exception& err) {
+      if (options.chat_template) throw;  // asked for explicitly: a startup error
+      chat_template_error = err.what();
+      spdlog::warn("no chat template: /v1/chat/completions will answer 400 ({})", err.what());
+    }
+    routes();
+  }
+
+  int32_t max_model_len() const { return engine.config().scheduler.max_model_len; }
+
+  void send_error(httplib::Response& res, const ApiError& error) {
+    res.status = error.status;
+    res.set_content(error_body(error), kJson);
+  }
+
+  void check_auth(const httplib::Request& req) {
+    if (options.api_key.empty()) return;
+    std::string key;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.rfind("Bearer ", 0) == 0) {
+      key = auth.substr(7);
+    } else if (req.has_header("X-Api-Key")) {
+      key = req.get_header_value("X-Api-Key");
+    }
+    if (!constant_time_equal(key, options.api_key)) {
+      throw ApiException(error_for_status(401, "invalid or missing API key"));
+    }
+  }
+
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&,
+                                     const std::shared_ptr<AccessLog>&)>;
+
+  // Every route goes through here once: request id, auth, and any exception turned
+  // into an OpenAI error, so that one bad request never stops the server.
+  httplib::Server::Handler wrap(bool authenticated, const char* id_prefix, Handler handler) {
+    return [this, authenticated, id_prefix, handler](const httplib::Request& req,
+                                                     httplib::Response& res) {
+      auto log = std::make_shared<AccessLog>();
+      log->id = id_prefix + random_hex(24);
+      log->method = req.method;
+      log->path = req.path;
+      res.set_header("X-Request-Id", log->id);
+      try {
+        if (authenticated) check_auth(req);
+        handler(req, res, log);
+      } catch (const ApiException& e) {
+        send_error(res, e.error());
+      } catch (const std::exception& e) {
+        spdlog::error("{} {} {}: {}", log->id, req.method, req.path, e.what());
+        send_error(res, error_for_status(500, "internal server error"));
+      } catch (...) {
+        spdlog::error("{} {} {}: unknown exception", log->id, req.method, req.path);
+        send_error(res, error_for_status(500, "internal server error"));
+      }
+      if (res.status == -1) res.status = 200;
+      if (res.status >= 400) ++metrics.http_errors;
+      log->status = res.status;
+    };
+  }
+
+  void routes() {
+    http.Get("/health", wrap(false, "req-", [this](auto&, auto& res, auto&) {
+               const bool ok = engine.alive() && !draining;
+               res.status = ok ? 200 : 503;
+               res.set_content(ok ? R"({"status":"ok"})" : R"({"status":"unavailable"})", kJson);
+             }));
+    http.Get("/metrics", wrap(false, "req-", [this](auto&, auto& res, auto&) {
+               res.set_content(render_metrics(engine.stats(), metrics, options.served_model_name),
+                               "text/plain; version=0.0.4");
+             }));
+    http.Get("/v1/models", wrap(true, "req-", [this](auto&, auto& res, auto&) {
+               ModelInfo info;
+               info.id = options.served_model_name;
+               info.created = created;
+               info.max_model_len = max_model_len();
+               info.kv_cache_blocks = engine.kv_plan().num_blocks;
+               info.kv_cache_tokens = engine.kv_plan().capacity_tokens;
+               res.set_content(models_response(info), kJson);
+             }));
+    http.Post("/tokenize", wrap(true, "req-", [this](auto& req, auto& res, auto&) {
+                const TokenizeRequest r = parse_tokenize_request(req.body);
+                const std::string text =
+                    r.prompt ? *r.prompt
+                             : render_chat_prompt(require_template(), render_defaults,
+                                                  r.messages_json, r.add_generation_prompt);
+                res.set_content(tokenize_response(tokenizer->encode(text, r.add_special_tokens),
+                                                  max_model_len()),
+                                kJson);
+              }));
+    http.Post("/detokenize", wrap(true, "req-", [this](auto& req, auto& res, auto&) {
+                const std::vector<int32_t> ids = parse_detokenize_request(req.body);
+                for (int32_t id : ids) {
+                  if (id >= static_cast<int32_t>(tokenizer->vocab_size())) {
+                    throw ApiException(invalid_request(
+                        "token id " + std::to_string(id) + " is outside the vocabulary", "tokens"));
+                  }
+                }
+                res.set_content(detokenize_response(tokenizer->decode(ids)), kJson);
+              }));
+    http.Post("/v1/chat/completions",
+              wrap(true, "chatcmpl-", [this](auto& req, auto& res, auto& log) {
+                generate(parse_chat_request(req.body), res, log);
+              }));
+    http.Post("/v1/completions", wrap(true, "cmpl-", [this](auto& req, auto& res, auto& log) {
+                generate(parse_completion_request(req.body), res, log);
+              }));
+
+    // Unknown routes and httplib's own refusals (413) get an OpenAI-shaped body too.
+    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                       httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      const std::string message =
+          res.status == 404   ? "no route " + req.method + " " + req.path
+          : res.status == 413 ? "the request body is over the limit of " +
+                                    std::to_string(options.max_body_bytes) + " bytes"
+                              : "the request was refused (HTTP " + std::to_string(res.status) + ")";
+      res.set_content(error_body(error_for_status(res.status, message)), kJson);
+      ++metrics.http_errors;
+      spdlog::info("- {} {} {}", req.method, req.path, res.status);
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    http.set_exception_handler(
+        [this](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+          send_error(res, error_for_status(500, "internal server error"));
+        });
+    http.set_payload_max_length(options.max_body_bytes);
+    const int threads = options.threads;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  }
+
+  const engine::ChatTemplate& require_template() const {
+    if (!chat_template) {
+      throw ApiException(invalid_request("this model has no chat template: " + chat_template_error +
+                                             " (start the server with --chat-template FILE)",
+                                         "messages"));
+    }
+    return *chat_template;
+  }
+
+  // Token ids of every prompt of the request.
+  std::vector<std::vector<int32_t>> prompt_tokens(const CompletionRequest& r) const {
+    std::vector<std::vector<int32_t>> prompts;
+    if (r.chat) {
+      const std::string text = render_chat_prompt(require_template(), render_defaults,
+                                                  r.messages_json, r.add_generation_prompt);
+      // The template writes the special tokens (BOS) itself.
+      prompts.push_back(tokenizer->encode(text, false));
+    } else {
+      for (const PromptInput& p : r.prompts) {
+        prompts.push_back(p.text ? tokenizer->encode(*p.text, true) : p.tokens);
+      }
+    }
+    for (const auto& p : prompts) {
+      if (p.empty()) throw ApiException(invalid_request("the prompt is empty", "prompt"));
+    }
+    return prompts;
+  }
+
+  ApiError submit_error(const engine::SubmitResult& result) const {
+    switch (result.status) {
+      case AddStatus::kQueueFull:
+        if (draining) return error_for_status(503, result.message);
+        return error_for_status(429, result.message);
+      case AddStatus::kTooLong:
+        return invalid_request(result.message, "max_tokens");
+      case AddStatus::kNeverFits:
+      case AddStatus::kInvalid:
+      default:
+        return invalid_request(result.message, "prompt");
+    }
+  }
+
+  void abort_all(const std::vector<Choice>& choices) {
+    for (const Choice& c : choices) {
+      if (c.stream && !c.done) engine.abort(c.stream->id());
+    }
+  }
+
+  void generate(const CompletionRequest& r, httplib::Response& res,
+                const std::shared_ptr<AccessLog>& log) {
+    if (!r.model.empty() && r.model != options.served_model_name) {
+      ApiError e = error_for_status(404, "the model '" + r.model + "' does not exist");
+      e.param = "model";
+      e.code = "model_not_found";
+      throw ApiException(e);
+    }
+    if (draining) throw ApiException(error_for_status(503, "the server is shutting down"));
+    const auto prompts = prompt_tokens(r);
+
+    std::vector<Choice> choices;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      for (int32_t i = 0; i < r.params.n; ++i) {
+        engine::GenerationRequest g;
+        g.prompt = prompts[p];
+        g.params = r.params;
+        g.params.n = 1;
+        const int32_t index = static_cast<int32_t>(p) * r.params.n + i;
+        if (r.params.seed) g.params.seed = *r.params.seed + static_cast<uint64_t>(i);
+        if (!r.max_tokens_set) {
+          // Unset: as much as the context window leaves (at least 1, so that an
+          // over-long prompt gets the engine's message with both numbers).
+          g.params.max_tokens =
+              std::max<int32_t>(1, max_model_len() - static_cast<int32_t>(g.prompt.size()));
+        }
+        g.priority = r.priority;
+        g.skip_special_tokens = r.skip_special_tokens;
+        engine::SubmitResult submitted = engine.submit(std::move(g));
+        if (!submitted.ok()) {
+          abort_all(choices);
+          const ApiError e = submit_error(submitted);
+          if (e.status == 429) res.set_header("Retry-After", "1");
+          throw ApiException(e);
+        }
+        Choice c;
+        c.index = index;
+        c.prompt_index = static_cast<int32_t>(p);
+        c.stream = std::move(submitted.stream);
+        choices.push_back(std::move(c));
+      }
+    }
+    for (const auto& p : prompts)
+      log->tokens_in += static_cast<int64_t>(p.size());
+
+    ResponseMeta meta{log->id, unix_now(), options.served_model_name};
+    if (r.stream) {
+      stream_response(r, meta, std::move(choices), res, log);
+    } else {
+      whole_response(r, meta, choices, res, log);
+    }
+  }
+
+  std::vector<TokenLogprobEntry> logprob_entries(const std::vector<engine::SampledToken>& tokens) {
+    std::vector<TokenLogprobEntry> out;
+    out.reserve(tokens.size());
+    for (const engine::SampledToken& t : tokens) {
+      TokenLogprobEntry e;
+      e.token = token_text(t.token);
+      e.logprob = t.logprob;
+      for (const engine::TokenLogprob& top : t.top)
+        e.top.emplace_back(token_text(top.token), top.logprob);
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+
+  std::string token_text(int32_t id) const {
+    const int32_t one[] = {id};
+    return tokenizer->decode(one, false);
+  }
+
+  // Usage over all choices: each prompt counted once, every completion counted.
+  UsageResult usage_of(const std::vector<Choice>& choices) const {
+    UsageResult u;
+    std::vector<bool> seen;
+    for (const Choice& c : choices) {
+      u.completion_tokens += c.final.usage.completion_tokens;
+      if (static_cast<size_t>(c.prompt_index) >= seen.size()) seen.resize(c.prompt_index + 1);
+      if (!seen[c.prompt_index]) {
+        seen[c.prompt_index] = true;
+        u.prompt_tokens += c.final.usage.prompt_tokens;
+        u.cached_tokens += c.final.usage.cached_prompt_tokens;
+      }
+    }
+    return u;
+  }
+
+  // Records a finished choice; returns the error for the client when it did not end
+  // normally (engine failure or shutdown).
+  std::optional<ApiError> record_end(Choice& c, const std::shared_ptr<AccessLog>& log) {
+    const engine::GenerationChunk& f = c.final;
+    if (f.times.first_token > 0 && f.times.arrival > 0 && log->ttft < 0) {
+      log->ttft = f.times.first_token - f.times.arrival;
+      metrics.time_to_first_token.observe(log->ttft);
+    }
+    if (f.times.finished > 0 && f.times.arrival > 0) {
+      metrics.e2e_latency.observe(f.times.finished - f.times.arrival);
+    }
+    if (!f.error.empty()) {
+      spdlog::error("{}: request failed in the engine: {}", log->id, f.error);
+      return error_for_status(500, "the request failed inside the engine");
+    }
+    if (f.finish_reason == FinishReason::kAbort) {
+      ++metrics.requests_abort;
+      return error_for_status(503, "the request was cancelled: the server is shutting down");
+    }
+    ++(f.finish_reason == FinishReason::kLength ? metrics.requests_length : metrics.requests_stop);
+    return std::nullopt;
+  }
+
+  void whole_response(const CompletionRequest& r, const ResponseMeta& meta,
+                      std::vector<Choice>& choices, httplib::Response& res,
+                      const std::shared_ptr<AccessLog>& log) {
+    std::vector<ChoiceResult> results;
+    std::optional<ApiError> failure;
+    for (Choice& c : choices) {
+      c.final = c.stream->collect();
+      c.done = true;
+      if (auto e = record_end(c, log); e && !failure) failure = e;
+      ChoiceResult out;
+      out.index = c.index;
+      out.text = c.final.text;
+      out.finish_reason = finish_name(c.final.finish_reason);
+      out.has_logprobs = r.params.logprobs;
+      if (r.params.logprobs) out.logprobs = logprob_entries(c.final.tokens);
+      results.push_back(std::move(out));
+    }
+    if (failure) throw ApiException(*failure);
+    const UsageResult usage = usage_of(choices);
+    log->tokens_out = usage.completion_tokens;
+    res.set_content(completion_response(r.chat, meta, results, usage), kJson);
+  }
+
+  void stream_response(const CompletionRequest& r, const ResponseMeta& meta,
+                       std::vector<Choice> choices, httplib::Response& res,
+                       const std::shared_ptr<AccessLog>& log) {
+    log->status = 200;
+    auto state = std::make_shared<std::vector<Choice>>(std::move(choices));
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, r, meta, state, log](size_t, httplib::DataSink& sink) {
+          // The whole stream is written in this one call: httplib stops calling a
+          // provider once the server is stopping, and a graceful shutdown must let
+          // streams in flight finish.
+          if (!write_stream(r, meta, *state, sink, log)) {
+            abort_all(*state);
+            ++metrics.requests_abort;
+            spdlog::info("{}: client disconnected; request aborted", log->id);
+            return false;
+          }
+          sink.done();
+          return true;
+        });
+  }
+
+  static bool send_event(httplib::DataSink& sink, const std::string& payload) {
+    const std::string event = "data: " + payload + "\n\n";
+    return sink.write(event.data(), event.size());
+  }
+
+  // Writes SSE events until every choice has finished; false when the client is gone.
+  bool write_stream(const CompletionRequest& r, const ResponseMeta& meta,
+                    std::vector<Choice>& choices, httplib::DataSink& sink,
+                    const std::shared_ptr<AccessLog>& log) {
+    if (r.chat) {
+      for (Choice& c : choices) {
+        ChoiceResult role;
+        role.index = c.index;
+        if (!send_event(sink, stream_chunk(true, meta, role, true))) return false;
+        c.started = true;
+      }
+    }
+    std::optional<ApiError> failure;
+    size_t remaining = choices.size();
+    auto idle_since = Clock::now();
+    const auto wait = std::chrono::milliseconds(choices.size() == 1 ? 50 : 2);
+    while (remaining > 0) {
+      bool any = false;
+      for (Choice& c : choices) {
+        if (c.done) continue;
+        auto chunk = c.stream->next(wait);
+        if (!chunk) continue;
+        any = true;
+        ChoiceResult out;
+        out.index = c.index;
+        out.text = chunk->text;
+        out.has_logprobs = r.params.logprobs;
+        if (r.params.logprobs) out.logprobs = logprob_entries(chunk->tokens);
+        if (chunk->finished) {
+          c.done = true;
+          --remaining;
+          c.final = *chunk;
+          if (auto e = record_end(c, log)) {
+            if (!failure) failure = e;
+            continue;
+          }
+        }
+        if (!out.text.empty() || !out.logprobs.empty()) {
+          if (!send_event(sink, stream_chunk(r.chat, meta, out, false))) return false;
+        }
+        if (chunk->finished) {
+          ChoiceResult end;
+          end.index = c.index;
+          end.finish_reason = finish_name(chunk->finish_reason);
+          if (!send_event(sink, stream_chunk(r.chat, meta, end, false))) return false;
+        }
+      }
+      if (any) {
+        idle_since = Clock::now();
+      } else if (Clock::now() - idle_since > std::chrono::seconds(2)) {
+        // A comment line: SSE clients skip it, and a client that has gone away shows
+        // up as a failed write even while the request waits in the queue.
+        if (!sink.write(": keep-alive\n\n", 14)) return false;
+        idle_since = Clock::now();
+      }
+    }
+    const UsageResult usage = usage_of(choices);
+    log->tokens_out = usage.completion_tokens;
+    if (failure) {
+      if (!send_event(sink, error_body(*failure))) return false;
+    } else if (r.include_usage) {
+      if (!send_event(sink, stream_usage_chunk(r.chat, meta, usage))) return false;
+    }
+    return send_event(sink, "[DONE]");
+  }
+};
+
+HttpServer::HttpServer(engine::Engine& engine, std::shared_ptr<const engine::Tokenizer> tokenizer,
+                       HttpServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, std::move(tokenizer), std::move(options))) {}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  Impl& s = *impl_;
+  int port = s.options.port;
+  if (port == 0) {
+    port = s.http.bind_to_any_port(s.options.host);
+    if (port < 0) throw std::runtime_error("cannot bind to " + s.options.host + " (any port)");
+  } else if (!s.http.bind_to_port(s.options.host, port)) {
+    throw std::runtime_error("cannot bind to " + s.options.host + ":" + std::to_string(port) +
+                             " (in use, or not an address of this machine)");
+  }
+  return port;
+}
+
+void HttpServer::serve() {
+  impl_->http.listen_after_bind();
+}
+
+void HttpServer::shutdown() {
+  impl_->draining = true;
+  impl_->http.stop();
+}
+
+}  // namespace pagellm::server

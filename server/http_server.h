@@ -1,0 +1,53 @@
+#pragma once
+// The OpenAI-compatible HTTP server: routes, SSE streaming, auth, access log and
+// graceful shutdown, over one Engine. The only file that includes cpp-httplib is
+// http_server.cpp; this header stays light.
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace pagellm::engine {
+class Engine;
+class Tokenizer;
+}  // namespace pagellm::engine
+
+namespace pagellm::server {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;      // 0: any free port (bind() returns it)
+  std::string api_key;  // empty: no authentication
+  std::string served_model_name;
+  std::filesystem::path model_dir;
+  std::optional<std::filesystem::path> chat_template;  // overrides the model's
+  size_t max_body_bytes = size_t(32) << 20;
+  int threads = 128;  // connections served at once (each stream holds one)
+};
+
+class HttpServer {
+ public:
+  // Loads the tokenizer config and chat template of the model (a model without a
+  // template still serves /v1/completions).
+  HttpServer(engine::Engine& engine, std::shared_ptr<const engine::Tokenizer> tokenizer,
+             HttpServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the listening socket and returns the port. Throws std::runtime_error.
+  int bind();
+  // Serves until shutdown(); returns once every in-flight request has been answered.
+  void serve();
+  // From any thread: stop accepting, refuse new generations with 503 and let the
+  // requests in flight finish. serve() returns when they have.
+  void shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagellm::server

@@ -1,0 +1,101 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "engine/engine.h"
+
+namespace pagellm::server {
+namespace {
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+void metric(std::string& out, const char* type, const std::string& name, const char* help,
+            const std::string& labels, double value) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  out += name + "{" + labels + "} " + number(value) + "\n";
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  std::lock_guard lock(mutex_);
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  std::lock_guard lock(mutex_);
+  int64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    const std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
+    out += name + "_bucket{" + labels + ",le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  out += name + "_sum{" + labels + "} " + number(sum_) + "\n";
+  out += name + "_count{" + labels + "} " + std::to_string(count_) + "\n";
+}
+
+ServerMetrics::ServerMetrics()
+    : time_to_first_token({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                           2.5, 5.0, 7.5, 10.0}),
+      e2e_latency(
+          {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0}) {}
+
+std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics& server,
+                           const std::string& model_name) {
+  std::string out;
+  const std::string labels = "model_name=\"" + model_name + "\"";
+  metric(out, "gauge", "pagellm:num_requests_running", "Requests in the running batch.", labels,
+         stats.num_running);
+  metric(out, "gauge", "pagellm:num_requests_waiting", "Requests waiting to be scheduled.", labels,
+         stats.num_waiting);
+  metric(out, "gauge", "pagellm:kv_cache_usage_perc", "Share of KV blocks in use (0 to 1).", labels,
+         stats.kv.usage());
+  metric(out, "gauge", "pagellm:kv_cache_total_blocks", "KV blocks in the pool.", labels,
+         stats.kv.total_blocks);
+  metric(out, "gauge", "pagellm:kv_cache_used_blocks", "KV blocks held by sequences.", labels,
+         stats.kv.used_blocks);
+  metric(out, "counter", "pagellm:prompt_tokens_total", "Prompt tokens of admitted requests.",
+         labels, double(stats.scheduler.prompt_tokens));
+  metric(out, "counter", "pagellm:generation_tokens_total", "Generated tokens.", labels,
+         double(stats.scheduler.generation_tokens));
+  metric(out, "counter", "pagellm:num_preemptions_total", "Sequences preempted.", labels,
+         double(stats.scheduler.num_preemptions));
+  metric(out, "counter", "pagellm:prefix_cache_queries_total",
+         "Prompt tokens looked up in the prefix cache.", labels,
+         double(stats.kv.prefix_query_tokens));
+  metric(out, "counter", "pagellm:prefix_cache_hits_total",
+         "Prompt tokens found in the prefix cache.", labels, double(stats.kv.prefix_hit_tokens));
+
+  out += "# HELP pagellm:request_success_total Finished requests by finish reason.\n";
+  out += "# TYPE pagellm:request_success_total counter\n";
+  const std::pair<const char*, int64_t> reasons[] = {{"stop", server.requests_stop.load()},
+                                                     {"length", server.requests_length.load()},
+                                                     {"abort", server.requests_abort.load()}};
+  for (const auto& [reason, count] : reasons) {
+    out += "pagellm:request_success_total{" + labels + ",finished_reason=\"" + reason + "\"} " +
+           std::to_string(count) + "\n";
+  }
+  metric(out, "counter", "pagellm:http_errors_total", "Requests answered with an error status.",
+         labels, double(server.http_errors.load()));
+
+  out += "# HELP pagellm:time_to_first_token_seconds Time to first token.\n";
+  out += "# TYPE pagellm:time_to_first_token_seconds histogram\n";
+  server.time_to_first_token.render(out, "pagellm:time_to_first_token_seconds", labels);
+  out += "# HELP pagellm:e2e_request_latency_seconds Arrival to last token.\n";
+  out += "# TYPE pagellm:e2e_request_latency_seconds histogram\n";
+  server.e2e_latency.render(out, "pagellm:e2e_request_latency_seconds", labels);
+  return out;
+}
+
+}  // namespace pagellm::server

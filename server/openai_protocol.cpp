@@ -1,0 +1,497 @@
+#include "server/openai_protocol.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "engine/chat_template.h"
+
+namespace pagellm::server {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+std::string dump(const ordered_json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+[[noreturn]] void fail(std::string message, std::string param) {
+  throw ApiException(invalid_request(std::move(message), std::move(param)));
+}
+
+ordered_json parse_body(const std::string& body) {
+  ordered_json value;
+  try {
+    value = ordered_json::parse(body);
+  } catch (const json::parse_error& e) {
+    fail(std::string("the request body is not valid JSON: ") + e.what(), "");
+  }
+  if (!value.is_object()) fail("the request body must be a JSON object", "");
+  return value;
+}
+
+// A field, or nullptr when absent or null (OpenAI clients send null for "unset").
+const ordered_json* field(const ordered_json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> number_field(const ordered_json& body, const char* name, double lo, double hi,
+                                   bool lo_open = false) {
+  const ordered_json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) fail(std::string("'") + name + "' must be a number", name);
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+    char range[96];
+    std::snprintf(range, sizeof range, "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
+    fail(std::string("'") + name + "' must be in " + range + ", got " + v->dump(), name);
+  }
+  return x;
+}
+
+std::optional<int64_t> int_field(const ordered_json& body, const char* name, int64_t lo,
+                                 int64_t hi) {
+  const ordered_json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) fail(std::string("'") + name + "' must be an integer", name);
+  // Unsigned values over int64 would wrap; they are out of range anyway.
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(hi)) {
+    fail(std::string("'") + name + "' is too large", name);
+  }
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) {
+    fail(std::string("'") + name + "' must be between " + std::to_string(lo) + " and " +
+             std::to_string(hi) + ", got " + std::to_string(x),
+         name);
+  }
+  return x;
+}
+
+std::optional<bool> bool_field(const ordered_json& body, const char* name) {
+  const ordered_json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) fail(std::string("'") + name + "' must be a boolean", name);
+  return v->get<bool>();
+}
+
+std::optional<std::string> string_field(const ordered_json& body, const char* name) {
+  const ordered_json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) fail(std::string("'") + name + "' must be a string", name);
+  return v->get<std::string>();
+}
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// The fields chat and completions share.
+void parse_common(const ordered_json& body, CompletionRequest& r) {
+  r.model = string_field(body, "model").value_or("");
+  scheduler::SamplingParams& p = r.params;
+  auto max_tokens = int_field(body, "max_tokens", 1, kMaxInt32);
+  if (auto v = int_field(body, "max_completion_tokens", 1, kMaxInt32)) max_tokens = v;
+  if (max_tokens) {
+    p.max_tokens = static_cast<int32_t>(*max_tokens);
+    r.max_tokens_set = true;
+  }
+  if (auto v = number_field(body, "temperature", 0.0, 2.0)) p.temperature = float(*v);
+  if (auto v = number_field(body, "top_p", 0.0, 1.0, true)) p.top_p = float(*v);
+  if (auto v = int_field(body, "top_k", -1, kMaxInt32))
+    p.top_k = static_cast<int32_t>(std::max<int64_t>(*v, 0));
+  if (auto v = number_field(body, "min_p", 0.0, 1.0)) p.min_p = float(*v);
+  if (const ordered_json* v = field(body, "seed")) {
+    if (!v->is_number_integer()) fail("'seed' must be an integer", "seed");
+    p.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(v->get<int64_t>());
+  }
+  if (auto v = number_field(body, "presence_penalty", -2.0, 2.0)) p.presence_penalty = float(*v);
+  if (auto v = number_field(body, "frequency_penalty", -2.0, 2.0)) p.frequency_penalty = float(*v);
+  if (auto v = number_field(body, "repetition_penalty", 0.0, 10.0, true)) {
+    p.repetition_penalty = float(*v);
+  }
+  if (auto v = int_field(body, "n", 1, kMaxChoices)) p.n = static_cast<int32_t>(*v);
+  if (const ordered_json* v = field(body, "stop")) {
+    if (v->is_string()) {
+      p.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      for (const ordered_json& s : *v) {
+        if (!s.is_string()) fail("'stop' must be a string or a list of strings", "stop");
+        p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      fail("'stop' must be a string or a list of strings", "stop");
+    }
+    std::erase_if(p.stop, [](const std::string& s) { return s.empty(); });
+  }
+  if (const ordered_json* v = field(body, "stop_token_ids")) {
+    if (!v->is_array()) fail("'stop_token_ids' must be a list of token ids", "stop_token_ids");
+    for (const ordered_json& id : *v) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxInt32) {
+        fail("'stop_token_ids' must be a list of non-negative token ids", "stop_token_ids");
+      }
+      p.stop_token_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  }
+  if (auto v = bool_field(body, "ignore_eos")) p.ignore_eos = *v;
+  if (auto v = bool_field(body, "skip_special_tokens")) r.skip_special_tokens = *v;
+  if (auto v = int_field(body, "priority", -kMaxInt32, kMaxInt32)) {
+    r.priority = static_cast<int32_t>(*v);
+  }
+  if (auto v = string_field(body, "user")) r.user = *v;
+  if (auto v = bool_field(body, "stream")) r.stream = *v;
+  if (const ordered_json* v = field(body, "stream_options")) {
+    if (!v->is_object()) fail("'stream_options' must be an object", "stream_options");
+    if (auto u = bool_field(*v, "include_usage")) r.include_usage = *u;
+  }
+}
+
+const char* const kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+
+// Content as a string: text parts are joined, as templates for text models expect.
+ordered_json normalize_content(const ordered_json& content, size_t index) {
+  const std::string param = "messages[" + std::to_string(index) + "].content";
+  if (content.is_null() || content.is_string()) return content;
+  if (!content.is_array()) fail("message content must be a string or a list of parts", param);
+  std::string text;
+  for (const ordered_json& part : content) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      fail("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported", param);
+    }
+    if (!text.empty()) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+ordered_json parse_messages(const ordered_json& messages) {
+  if (!messages.is_array()) fail("'messages' must be a list of messages", "messages");
+  if (messages.empty()) fail("'messages' must not be empty", "messages");
+  ordered_json out = ordered_json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ordered_json& m = messages[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) fail("each message must be an object", param);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) fail("each message needs a string 'role'", param);
+    const std::string name = role->get<std::string>();
+    if (std::find(std::begin(kRoles), std::end(kRoles), name) == std::end(kRoles)) {
+      fail("unknown role '" + name + "' (system, developer, user, assistant, tool)",
+           param + ".role");
+    }
+    ordered_json copy = m;
+    auto content = m.find("content");
+    if (content == m.end()) {
+      if (name != "assistant") fail("message needs 'content'", param);
+      copy["content"] = nullptr;
+    } else {
+      copy["content"] = normalize_content(*content, i);
+    }
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+std::vector<int32_t> token_list(const ordered_json& value, const std::string& param) {
+  std::vector<int32_t> ids;
+  for (const ordered_json& id : value) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxInt32) {
+      fail("token ids must be non-negative integers", param);
+    }
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return ids;
+}
+
+std::vector<PromptInput> parse_prompts(const ordered_json& body) {
+  const ordered_json* v = field(body, "prompt");
+  if (!v) fail("'prompt' is required", "prompt");
+  std::vector<PromptInput> prompts;
+  const char* kShape =
+      "'prompt' must be a string, a list of strings, a list of token ids or a "
+      "list of token id lists";
+  if (v->is_string()) {
+    prompts.push_back({v->get<std::string>(), {}});
+  } else if (v->is_array() && !v->empty() && (*v)[0].is_number()) {
+    prompts.push_back({std::nullopt, token_list(*v, "prompt")});
+  } else if (v->is_array() && !v->empty()) {
+    for (const ordered_json& item : *v) {
+      if (item.is_string()) {
+        prompts.push_back({item.get<std::string>(), {}});
+      } else if (item.is_array() && !item.empty()) {
+        prompts.push_back({std::nullopt, token_list(item, "prompt")});
+      } else {
+        fail(kShape, "prompt");
+      }
+    }
+  } else {
+    fail(kShape, "prompt");
+  }
+  return prompts;
+}
+
+ordered_json usage_json(const UsageResult& usage) {
+  ordered_json u;
+  u["prompt_tokens"] = usage.prompt_tokens;
+  u["completion_tokens"] = usage.completion_tokens;
+  u["total_tokens"] = usage.prompt_tokens + usage.completion_tokens;
+  u["prompt_tokens_details"] = {{"cached_tokens", usage.cached_tokens}};
+  return u;
+}
+
+ordered_json bytes_of(const std::string& s) {
+  ordered_json bytes = ordered_json::array();
+  for (unsigned char c : s)
+    bytes.push_back(int(c));
+  return bytes;
+}
+
+ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
+  if (!choice.has_logprobs) return nullptr;
+  if (chat) {
+    ordered_json content = ordered_json::array();
+    for (const TokenLogprobEntry& e : choice.logprobs) {
+      ordered_json top = ordered_json::array();
+      for (const auto& [token, logprob] : e.top) {
+        top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", bytes_of(token)}});
+      }
+      content.push_back({{"token", e.token},
+                         {"logprob", e.logprob},
+                         {"bytes", bytes_of(e.token)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    ordered_json out;
+    out["content"] = std::move(content);
+    return out;
+  }
+  ordered_json tokens = ordered_json::array(), token_logprobs = ordered_json::array(),
+               top_logprobs = ordered_json::array(), offsets = ordered_json::array();
+  size_t offset = 0;
+  for (const TokenLogprobEntry& e : choice.logprobs) {
+    tokens.push_back(e.token);
+    token_logprobs.push_back(e.logprob);
+    ordered_json top = ordered_json::object();
+    for (const auto& [token, logprob] : e.top)
+      top[token] = logprob;
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += e.token.size();
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
+ordered_json finish_json(const ChoiceResult& choice) {
+  if (choice.finish_reason.empty()) return nullptr;
+  return choice.finish_reason;
+}
+
+ordered_json header(bool chat, const ResponseMeta& meta, const char* chat_object,
+                    const char* completion_object) {
+  ordered_json out;
+  out["id"] = meta.id;
+  out["object"] = chat ? chat_object : completion_object;
+  out["created"] = meta.created;
+  out["model"] = meta.model;
+  return out;
+}
+
+}  // namespace
+
+ApiError invalid_request(std::string message, std::string param) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+ApiError error_for_status(int status, std::string message) {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  switch (status) {
+    case 401:
+      e.type = "authentication_error";
+      e.code = "invalid_api_key";
+      break;
+    case 404:
+      e.type = "not_found_error";
+      break;
+    case 413:
+      e.type = "invalid_request_error";
+      e.code = "request_too_large";
+      break;
+    case 429:
+      e.type = "rate_limit_error";
+      e.code = "rate_limit_exceeded";
+      break;
+    case 503:
+      e.type = "service_unavailable_error";
+      break;
+    default:
+      e.type = status >= 500 ? "internal_server_error" : "invalid_request_error";
+  }
+  return e;
+}
+
+std::string error_body(const ApiError& error) {
+  ordered_json e;
+  e["message"] = error.message;
+  e["type"] = error.type;
+  e["param"] = error.param.empty() ? ordered_json(nullptr) : ordered_json(error.param);
+  e["code"] = error.code.empty() ? ordered_json(nullptr) : ordered_json(error.code);
+  return dump({{"error", std::move(e)}});
+}
+
+CompletionRequest parse_chat_request(const std::string& body_text) {
+  const ordered_json body = parse_body(body_text);
+  CompletionRequest r;
+  r.chat = true;
+  auto messages = body.find("messages");
+  if (messages == body.end() || messages->is_null()) fail("'messages' is required", "messages");
+  // Keys keep the client's order: templates that print whole messages depend on it.
+  r.messages_json = dump(parse_messages(*messages));
+  parse_common(body, r);
+  if (auto v = bool_field(body, "add_generation_prompt")) r.add_generation_prompt = *v;
+  if (auto v = bool_field(body, "logprobs")) r.params.logprobs = *v;
+  if (auto v = int_field(body, "top_logprobs", 0, kMaxTopLogprobs)) {
+    if (!r.params.logprobs && *v > 0) {
+      fail("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    }
+    r.params.top_logprobs = static_cast<int32_t>(*v);
+  }
+  return r;
+}
+
+CompletionRequest parse_completion_request(const std::string& body_text) {
+  const ordered_json body = parse_body(body_text);
+  CompletionRequest r;
+  r.prompts = parse_prompts(body);
+  parse_common(body, r);
+  if (auto v = int_field(body, "logprobs", 0, kMaxTopLogprobs)) {
+    r.params.logprobs = true;
+    r.params.top_logprobs = static_cast<int32_t>(*v);
+  }
+  if (auto v = bool_field(body, "echo"); v && *v) {
+    fail("'echo' is not supported", "echo");
+  }
+  return r;
+}
+
+std::string completion_response(bool chat, const ResponseMeta& meta,
+                                const std::vector<ChoiceResult>& choices,
+                                const UsageResult& usage) {
+  ordered_json out = header(chat, meta, "chat.completion", "text_completion");
+  ordered_json list = ordered_json::array();
+  for (const ChoiceResult& c : choices) {
+    ordered_json choice;
+    choice["index"] = c.index;
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = logprobs_json(chat, c);
+    choice["finish_reason"] = finish_json(c);
+    list.push_back(std::move(choice));
+  }
+  out["choices"] = std::move(list);
+  out["usage"] = usage_json(usage);
+  return dump(out);
+}
+
+std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult& c,
+                         bool role_delta) {
+  ordered_json out = header(chat, meta, "chat.completion.chunk", "text_completion");
+  ordered_json choice;
+  choice["index"] = c.index;
+  if (chat) {
+    ordered_json delta = ordered_json::object();
+    if (role_delta) delta["role"] = "assistant";
+    if (role_delta || !c.text.empty() || c.finish_reason.empty()) delta["content"] = c.text;
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = c.text;
+  }
+  choice["logprobs"] = logprobs_json(chat, c);
+  choice["finish_reason"] = finish_json(c);
+  out["choices"] = ordered_json::array({std::move(choice)});
+  return dump(out);
+}
+
+std::string stream_usage_chunk(bool chat, const ResponseMeta& meta, const UsageResult& usage) {
+  ordered_json out = header(chat, meta, "chat.completion.chunk", "text_completion");
+  out["choices"] = ordered_json::array();
+  out["usage"] = usage_json(usage);
+  return dump(out);
+}
+
+std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
+                               const engine::ChatRenderOptions& defaults,
+                               const std::string& messages_json, bool add_generation_prompt) {
+  engine::ChatRenderOptions options = defaults;
+  options.add_generation_prompt = add_generation_prompt;
+  try {
+    return chat_template.render(ordered_json::parse(messages_json), options);
+  } catch (const engine::ChatTemplateError& e) {
+    fail(std::string("the chat template could not render these messages: ") + e.what(), "messages");
+  }
+}
+
+TokenizeRequest parse_tokenize_request(const std::string& body_text) {
+  const ordered_json body = parse_body(body_text);
+  TokenizeRequest r;
+  if (auto prompt = string_field(body, "prompt")) {
+    r.prompt = *prompt;
+  } else if (auto messages = body.find("messages"); messages != body.end()) {
+    r.messages_json = dump(parse_messages(*messages));
+    r.add_special_tokens = false;  // the template writes its own
+  } else {
+    fail("give 'prompt' (a string) or 'messages'", "prompt");
+  }
+  if (auto v = bool_field(body, "add_special_tokens")) r.add_special_tokens = *v;
+  if (auto v = bool_field(body, "add_generation_prompt")) r.add_generation_prompt = *v;
+  return r;
+}
+
+std::string tokenize_response(const std::vector<int32_t>& tokens, int64_t max_model_len) {
+  ordered_json out;
+  out["tokens"] = tokens;
+  out["count"] = tokens.size();
+  out["max_model_len"] = max_model_len;
+  return dump(out);
+}
+
+std::vector<int32_t> parse_detokenize_request(const std::string& body_text) {
+  const ordered_json body = parse_body(body_text);
+  const ordered_json* tokens = field(body, "tokens");
+  if (!tokens || !tokens->is_array()) fail("'tokens' must be a list of token ids", "tokens");
+  return token_list(*tokens, "tokens");
+}
+
+std::string detokenize_response(const std::string& prompt) {
+  return dump({{"prompt", prompt}});
+}
+
+std::string models_response(const ModelInfo& model) {
+  ordered_json m;
+  m["id"] = model.id;
+  m["object"] = "model";
+  m["created"] = model.created;
+  m["owned_by"] = "pagellm";
+  m["root"] = model.id;
+  m["max_model_len"] = model.max_model_len;
+  m["kv_cache_blocks"] = model.kv_cache_blocks;
+  m["kv_cache_tokens"] = model.kv_cache_tokens;
+  ordered_json out;
+  out["object"] = "list";
+  out["data"] = ordered_json::array({std::move(m)});
+  return dump(out);
+}
+
+}  // namespace pagellm::server

@@ -1,0 +1,142 @@
+#pragma once
+// The OpenAI protocol as plain structs: request bodies parsed and validated into
+// CompletionRequest, and response bodies (whole responses, stream chunks, errors)
+// written from plain results. Pure functions, no sockets; the JSON library stays in
+// the .cpp so that this header is cheap to include.
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "scheduler/sampling_params.h"
+
+namespace pagellm::engine {
+class ChatTemplate;
+struct ChatRenderOptions;
+}  // namespace pagellm::engine
+
+namespace pagellm::server {
+
+// An error for the client, in OpenAI's shape: {"error": {message, type, param, code}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+};
+
+class ApiException : public std::runtime_error {
+ public:
+  explicit ApiException(ApiError error) : std::runtime_error(error.message), error_(error) {}
+  const ApiError& error() const { return error_; }
+
+ private:
+  ApiError error_;
+};
+
+ApiError invalid_request(std::string message, std::string param = "");
+ApiError error_for_status(int status, std::string message);  // type from the status
+std::string error_body(const ApiError& error);
+
+// One prompt of /v1/completions: text, or token ids given directly.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> tokens;  // when text is unset
+};
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;  // empty: the served model
+  // Chat: the validated messages as JSON text (rendered by render_chat_prompt).
+  std::string messages_json;
+  bool add_generation_prompt = true;
+  // Completions: one or more prompts.
+  std::vector<PromptInput> prompts;
+  scheduler::SamplingParams params;
+  bool max_tokens_set = false;  // unset: the rest of the context window
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;
+  int32_t priority = 0;
+  bool skip_special_tokens = true;
+  std::string user;
+};
+
+// Parse and validate a body. Throws ApiException (status 400) with the parameter at fault.
+CompletionRequest parse_chat_request(const std::string& body);
+CompletionRequest parse_completion_request(const std::string& body);
+
+// Maximum n accepted; each choice is a sequence of its own.
+constexpr int32_t kMaxChoices = 16;
+constexpr int32_t kMaxTopLogprobs = 20;
+
+// One token's log-probability, with the token text already decoded.
+struct TokenLogprobEntry {
+  std::string token;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;
+};
+
+struct ChoiceResult {
+  int32_t index = 0;
+  std::string text;
+  std::string finish_reason;  // empty: null (stream chunks before the end)
+  bool has_logprobs = false;
+  std::vector<TokenLogprobEntry> logprobs;
+};
+
+struct UsageResult {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+};
+
+struct ResponseMeta {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+};
+
+// Whole (non-streaming) responses.
+std::string completion_response(bool chat, const ResponseMeta& meta,
+                                const std::vector<ChoiceResult>& choices, const UsageResult& usage);
+
+// One SSE data payload: a chunk with one choice. Chat chunks with `role_delta` carry
+// delta.role = "assistant".
+std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult& choice,
+                         bool role_delta);
+// The final usage chunk of stream_options.include_usage (choices empty).
+std::string stream_usage_chunk(bool chat, const ResponseMeta& meta, const UsageResult& usage);
+
+// Renders validated messages with a chat template. Template errors become
+// ApiException 400.
+std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
+                               const engine::ChatRenderOptions& defaults,
+                               const std::string& messages_json, bool add_generation_prompt);
+
+// /tokenize and /detokenize bodies.
+struct TokenizeRequest {
+  std::optional<std::string> prompt;
+  std::string messages_json;  // when prompt is unset
+  bool add_special_tokens = true;
+  bool add_generation_prompt = true;
+};
+TokenizeRequest parse_tokenize_request(const std::string& body);
+std::string tokenize_response(const std::vector<int32_t>& tokens, int64_t max_model_len);
+std::vector<int32_t> parse_detokenize_request(const std::string& body);
+std::string detokenize_response(const std::string& prompt);
+
+// /v1/models.
+struct ModelInfo {
+  std::string id;
+  int64_t created = 0;
+  int64_t max_model_len = 0;
+  int64_t kv_cache_blocks = 0;
+  int64_t kv_cache_tokens = 0;
+};
+std::string models_response(const ModelInfo& model);
+
+}  // namespace pagellm::server

@@ -1,0 +1,263 @@
+// The OpenAI protocol: request parsing and validation, response and error bodies.
+
+#include "server/openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace pagellm::server {
+namespace {
+
+using nlohmann::json;
+
+// The error a body is refused with; fails the test when it is accepted.
+ApiError chat_error(const std::string& body) {
+  try {
+    parse_chat_request(body);
+  } catch (const ApiException& e) {
+    return e.error();
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return {};
+}
+
+ApiError completion_error(const std::string& body) {
+  try {
+    parse_completion_request(body);
+  } catch (const ApiException& e) {
+    return e.error();
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return {};
+}
+
+constexpr const char* kUser = R"({"role": "user", "content": "hi"})";
+
+std::string chat_with(const std::string& fields) {
+  return std::string(R"({"messages": [)") + kUser + "]" + (fields.empty() ? "" : ", " + fields) +
+         "}";
+}
+
+TEST(OpenAIProtocol, ParsesChatSamplingParameters) {
+  const CompletionRequest r = parse_chat_request(chat_with(
+      R"("model": "m", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+         "min_p": 0.1, "seed": 42, "stop": ["a", "b"], "stop_token_ids": [3], "n": 3,
+         "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+         "logprobs": true, "top_logprobs": 5, "ignore_eos": true, "priority": 2, "user": "u",
+         "stream": true, "stream_options": {"include_usage": true})"));
+  EXPECT_TRUE(r.chat);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_TRUE(r.max_tokens_set);
+  EXPECT_EQ(r.params.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.top_p, 0.9f);
+  EXPECT_EQ(r.params.top_k, 40);
+  EXPECT_FLOAT_EQ(r.params.min_p, 0.1f);
+  EXPECT_EQ(r.params.seed, 42u);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{3}));
+  EXPECT_EQ(r.params.n, 3);
+  EXPECT_FLOAT_EQ(r.params.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.params.repetition_penalty, 1.1f);
+  EXPECT_TRUE(r.params.logprobs);
+  EXPECT_EQ(r.params.top_logprobs, 5);
+  EXPECT_TRUE(r.params.ignore_eos);
+  EXPECT_EQ(r.priority, 2);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(OpenAIProtocol, DefaultsAndNullsLeaveParametersUnset) {
+  const CompletionRequest r =
+      parse_chat_request(chat_with(R"("max_tokens": null, "temperature": null, "stop": "x")"));
+  EXPECT_FALSE(r.max_tokens_set);
+  EXPECT_FLOAT_EQ(r.params.temperature, 1.0f);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"x"}));
+  EXPECT_EQ(r.params.n, 1);
+  EXPECT_FALSE(r.stream);
+  const CompletionRequest m = parse_chat_request(chat_with(R"("max_completion_tokens": 9)"));
+  EXPECT_EQ(m.params.max_tokens, 9);
+}
+
+TEST(OpenAIProtocol, MessagesKeepTheirKeyOrderAndTextPartsAreJoined) {
+  const CompletionRequest r = parse_chat_request(
+      R"({"messages": [{"role": "system", "content": "s"},
+                       {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                    {"type": "text", "text": "b"}]}]})");
+  EXPECT_EQ(r.messages_json,
+            R"([{"role":"system","content":"s"},{"role":"user","content":"a\nb"}])");
+}
+
+TEST(OpenAIProtocol, RefusesBadChatRequests) {
+  EXPECT_EQ(chat_error("{not json").status, 400);
+  EXPECT_EQ(chat_error("[1, 2]").status, 400);
+  EXPECT_EQ(chat_error("{}").param, "messages");
+  EXPECT_EQ(chat_error(R"({"messages": []})").param, "messages");
+  EXPECT_EQ(chat_error(R"({"messages": "hi"})").param, "messages");
+  EXPECT_EQ(chat_error(R"({"messages": [{"role": "wizard", "content": "x"}]})").param,
+            "messages[0].role");
+  EXPECT_EQ(chat_error(R"({"messages": [{"content": "x"}]})").param, "messages[0]");
+  EXPECT_EQ(chat_error(chat_with(R"("max_tokens": -1)")).param, "max_tokens");
+  EXPECT_EQ(chat_error(chat_with(R"("max_tokens": 0)")).param, "max_tokens");
+  EXPECT_EQ(chat_error(chat_with(R"("max_tokens": "5")")).param, "max_tokens");
+  EXPECT_EQ(chat_error(chat_with(R"("max_tokens": 1.5)")).param, "max_tokens");
+  EXPECT_EQ(chat_error(chat_with(R"("temperature": -0.1)")).param, "temperature");
+  EXPECT_EQ(chat_error(chat_with(R"("temperature": 2.5)")).param, "temperature");
+  EXPECT_EQ(chat_error(chat_with(R"("top_p": 0)")).param, "top_p");
+  EXPECT_EQ(chat_error(chat_with(R"("top_p": 1.5)")).param, "top_p");
+  EXPECT_EQ(chat_error(chat_with(R"("n": 0)")).param, "n");
+  EXPECT_EQ(chat_error(chat_with(R"("n": 17)")).param, "n");
+  EXPECT_EQ(chat_error(chat_with(R"("logprobs": true, "top_logprobs": 21)")).param, "top_logprobs");
+  EXPECT_EQ(chat_error(chat_with(R"("top_logprobs": 2)")).param, "top_logprobs");
+  EXPECT_EQ(chat_error(chat_with(R"("stop": 5)")).param, "stop");
+  EXPECT_EQ(chat_error(chat_with(R"("stop": ["a", 1])")).param, "stop");
+  EXPECT_EQ(chat_error(chat_with(R"("stream": "yes")")).param, "stream");
+  EXPECT_EQ(chat_error(chat_with(R"("seed": "x")")).param, "seed");
+  EXPECT_EQ(chat_error(chat_with(R"("presence_penalty": 3)")).param, "presence_penalty");
+  EXPECT_EQ(chat_error(chat_with(R"("stop_token_ids": [-1])")).param, "stop_token_ids");
+  const ApiError e = chat_error(chat_with(R"("temperature": 3)"));
+  EXPECT_EQ(e.type, "invalid_request_error");
+  EXPECT_NE(e.message.find("temperature"), std::string::npos) << e.message;
+}
+
+TEST(OpenAIProtocol, ParsesEveryPromptShape) {
+  auto prompts = [](const std::string& prompt) {
+    return parse_completion_request(R"({"prompt": )" + prompt + "}").prompts;
+  };
+  auto one = prompts(R"("hello")");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].text, "hello");
+  auto ids = prompts("[1, 2, 3]");
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_FALSE(ids[0].text);
+  EXPECT_EQ(ids[0].tokens, (std::vector<int32_t>{1, 2, 3}));
+  auto batch = prompts(R"(["a", [4, 5]])");
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(batch[0].text, "a");
+  EXPECT_EQ(batch[1].tokens, (std::vector<int32_t>{4, 5}));
+
+  EXPECT_EQ(completion_error("{}").param, "prompt");
+  EXPECT_EQ(completion_error(R"({"prompt": []})").param, "prompt");
+  EXPECT_EQ(completion_error(R"({"prompt": 5})").param, "prompt");
+  EXPECT_EQ(completion_error(R"({"prompt": [1, -2]})").param, "prompt");
+  EXPECT_EQ(completion_error(R"({"prompt": "x", "logprobs": 21})").param, "logprobs");
+  const CompletionRequest r = parse_completion_request(R"({"prompt": "x", "logprobs": 3})");
+  EXPECT_TRUE(r.params.logprobs);
+  EXPECT_EQ(r.params.top_logprobs, 3);
+}
+
+TEST(OpenAIProtocol, ErrorBodiesHaveOpenAIShape) {
+  const json body = json::parse(error_body(invalid_request("bad", "n")));
+  EXPECT_EQ(body["error"]["message"], "bad");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "n");
+  EXPECT_TRUE(body["error"]["code"].is_null());
+  EXPECT_EQ(error_for_status(401, "x").type, "authentication_error");
+  EXPECT_EQ(error_for_status(429, "x").type, "rate_limit_error");
+  EXPECT_EQ(error_for_status(404, "x").type, "not_found_error");
+  EXPECT_EQ(error_for_status(500, "x").type, "internal_server_error");
+}
+
+TEST(OpenAIProtocol, WholeChatResponse) {
+  ChoiceResult c;
+  c.index = 0;
+  c.text = "hello";
+  c.finish_reason = "stop";
+  c.has_logprobs = true;
+  c.logprobs.push_back({"he", -0.5f, {{"he", -0.5f}, {"ha", -1.5f}}});
+  const json r = json::parse(completion_response(true, {"chatcmpl-1", 7, "m"}, {c}, {5, 2, 1}));
+  EXPECT_EQ(r["id"], "chatcmpl-1");
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["created"], 7);
+  EXPECT_EQ(r["model"], "m");
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "hello");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  const json& lp = r["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(lp["token"], "he");
+  EXPECT_FLOAT_EQ(lp["logprob"].get<float>(), -0.5f);
+  EXPECT_EQ(lp["bytes"], json({104, 101}));
+  EXPECT_EQ(lp["top_logprobs"].size(), 2u);
+  EXPECT_EQ(lp["top_logprobs"][1]["token"], "ha");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(r["usage"]["total_tokens"], 7);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+}
+
+TEST(OpenAIProtocol, WholeCompletionResponseWithLegacyLogprobs) {
+  ChoiceResult c;
+  c.index = 1;
+  c.text = "ab";
+  c.finish_reason = "length";
+  c.has_logprobs = true;
+  c.logprobs.push_back({"a", -1.0f, {{"a", -1.0f}}});
+  c.logprobs.push_back({"b", -2.0f, {{"b", -2.0f}}});
+  const json r = json::parse(completion_response(false, {"cmpl-1", 7, "m"}, {c}, {3, 2, 0}));
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["index"], 1);
+  EXPECT_EQ(r["choices"][0]["text"], "ab");
+  const json& lp = r["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"a", "b"}));
+  EXPECT_EQ(lp["text_offset"], json({0, 1}));
+  EXPECT_FLOAT_EQ(lp["top_logprobs"][1]["b"].get<float>(), -2.0f);
+  EXPECT_TRUE(json::parse(completion_response(false, {"c", 1, "m"}, {ChoiceResult{}},
+                                              {}))["choices"][0]["logprobs"]
+                  .is_null());
+}
+
+TEST(OpenAIProtocol, StreamChunks) {
+  const ResponseMeta meta{"chatcmpl-1", 7, "m"};
+  ChoiceResult role;
+  const json first = json::parse(stream_chunk(true, meta, role, true));
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  ChoiceResult text;
+  text.text = "hi";
+  const json middle = json::parse(stream_chunk(true, meta, text, false));
+  EXPECT_EQ(middle["choices"][0]["delta"], json({{"content", "hi"}}));
+  ChoiceResult end;
+  end.finish_reason = "length";
+  const json last = json::parse(stream_chunk(true, meta, end, false));
+  EXPECT_EQ(last["choices"][0]["delta"], json::object());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  const json usage = json::parse(stream_usage_chunk(true, meta, {4, 2, 0}));
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 6);
+  const json completion = json::parse(stream_chunk(false, {"cmpl-1", 7, "m"}, text, false));
+  EXPECT_EQ(completion["object"], "text_completion");
+  EXPECT_EQ(completion["choices"][0]["text"], "hi");
+}
+
+TEST(OpenAIProtocol, TokenizeAndDetokenizeBodies) {
+  const TokenizeRequest prompt = parse_tokenize_request(R"({"prompt": "hi"})");
+  EXPECT_EQ(prompt.prompt, "hi");
+  EXPECT_TRUE(prompt.add_special_tokens);
+  const TokenizeRequest chat =
+      parse_tokenize_request(std::string(R"({"messages": [)") + kUser + "]}");
+  EXPECT_FALSE(chat.prompt);
+  EXPECT_FALSE(chat.add_special_tokens);
+  EXPECT_THROW(parse_tokenize_request("{}"), ApiException);
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [1, 2]})"), (std::vector<int32_t>{1, 2}));
+  EXPECT_THROW(parse_detokenize_request(R"({"tokens": "x"})"), ApiException);
+  const json t = json::parse(tokenize_response({1, 2, 3}, 128));
+  EXPECT_EQ(t["count"], 3);
+  EXPECT_EQ(t["max_model_len"], 128);
+  EXPECT_EQ(json::parse(detokenize_response("ab"))["prompt"], "ab");
+}
+
+TEST(OpenAIProtocol, ModelsList) {
+  const json m = json::parse(models_response({"demo", 5, 2048, 100, 1600}));
+  EXPECT_EQ(m["object"], "list");
+  EXPECT_EQ(m["data"][0]["id"], "demo");
+  EXPECT_EQ(m["data"][0]["object"], "model");
+  EXPECT_EQ(m["data"][0]["owned_by"], "pagellm");
+  EXPECT_EQ(m["data"][0]["max_model_len"], 2048);
+  EXPECT_EQ(m["data"][0]["kv_cache_tokens"], 1600);
+}
+
+}  // namespace
+}  // namespace pagellm::server
