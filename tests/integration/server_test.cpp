@@ -1,0 +1,560 @@
+// `pagellm serve` end to end: the real binary on a free port with the tiny demo model,
+// real HTTP requests, every endpoint and the errors clients can cause.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/demo_model.h"
+
+namespace pagellm {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr const char* kKey = "test-key";
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+const std::filesystem::path& tiny_model() {
+  static const std::filesystem::path dir = [] {
+    auto d = std::filesystem::temp_directory_path() /
+             ("pagellm_server_test_model_" + std::to_string(getpid()));
+    engine::write_demo_model(d, engine::demo_model_preset("tiny"));
+    std::atexit([] {
+      std::error_code ignored;
+      std::filesystem::remove_all(std::filesystem::temp_directory_path() /
+                                      ("pagellm_server_test_model_" + std::to_string(getpid())),
+                                  ignored);
+    });
+    return d;
+  }();
+  return dir;
+}
+
+// A `pagellm serve` child process; killed when the object goes, so that a failing test
+// leaves nothing running.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::vector<std::string>& extra) {
+    log_ = std::filesystem::temp_directory_path() /
+           ("pagellm_server_test_" + std::to_string(getpid()) + "_" + std::to_string(++count_) +
+            ".log");
+    std::vector<std::string> args = {PAGELLM_BINARY,        "serve",  "--model",
+                                     tiny_model().string(), "--port", "0",
+                                     "--num-kv-blocks",     "64"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args)
+        argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    // The server logs the port it bound.
+    const std::regex serving(R"(on http://127\.0\.0\.1:(\d+))");
+    for (auto deadline = std::chrono::steady_clock::now() + 30s;
+         std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+      std::smatch m;
+      const std::string text = read_file(log_);
+      if (std::regex_search(text, m, serving)) {
+        port_ = std::stoi(m[1]);
+        break;
+      }
+      if (waitpid(pid_, &status_, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::error_code ignored;
+    std::filesystem::remove(log_, ignored);
+  }
+
+  int port() const { return port_; }
+  std::string log() const { return read_file(log_); }
+
+  // Sends `sig` and waits up to `limit` for the exit; the exit code, or -1.
+  int stop(int sig, std::chrono::seconds limit) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, sig);
+    for (auto deadline = std::chrono::steady_clock::now() + limit;
+         std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+      if (waitpid(pid_, &status_, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
+      }
+    }
+    return -1;
+  }
+
+  httplib::Client client(bool with_key = true) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    if (with_key) c.set_default_headers({{"Authorization", std::string("Bearer ") + kKey}});
+    return c;
+  }
+
+ private:
+  static inline int count_ = 0;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  int status_ = 0;
+  std::filesystem::path log_;
+};
+
+struct Sse {
+  int status = 0;
+  std::vector<json> events;  // every data payload but [DONE]
+  bool done = false;         // saw data: [DONE]
+};
+
+// POSTs `body` and reads the SSE stream. `stop_after` > 0 hangs up after that many events.
+Sse post_stream(httplib::Client& client, const std::string& path, const json& body,
+                size_t stop_after = 0) {
+  Sse out;
+  std::string buffer;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.response_handler = [&](const httplib::Response& res) {
+    out.status = res.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buffer.append(data, n);
+    size_t end;
+    while ((end = buffer.find("\n\n")) != std::string::npos) {
+      const std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;  // comments
+      const std::string payload = event.substr(6);
+      if (payload == "[DONE]") {
+        out.done = true;
+      } else {
+        out.events.push_back(json::parse(payload));
+      }
+    }
+    return stop_after == 0 || out.events.size() < stop_after;
+  };
+  client.send(req);
+  return out;
+}
+
+json post_json(httplib::Client& client, const std::string& path, const json& body,
+               int expected_status = 200) {
+  auto res = client.Post(path.c_str(), body.dump(), "application/json");
+  EXPECT_TRUE(res) << "no response from " << path;
+  if (!res) return json();
+  EXPECT_EQ(res->status, expected_status) << path << ": " << res->body;
+  return json::parse(res->body);
+}
+
+// The error answer of a bad request, checked for OpenAI's shape.
+json expect_error(httplib::Client& client, const std::string& path, const std::string& body,
+                  int status) {
+  auto res = client.Post(path.c_str(), body, "application/json");
+  EXPECT_TRUE(res);
+  if (!res) return json();
+  EXPECT_EQ(res->status, status) << body << " -> " << res->body;
+  const json error = json::parse(res->body);
+  EXPECT_TRUE(error.contains("error")) << res->body;
+  for (const char* key : {"message", "type", "param", "code"}) {
+    EXPECT_TRUE(error["error"].contains(key)) << res->body;
+  }
+  return error["error"];
+}
+
+json chat(const std::string& content, json extra = json::object()) {
+  json body = {{"messages", {{{"role", "user"}, {"content", content}}}}};
+  body.update(extra);
+  return body;
+}
+
+std::string stream_text(const Sse& sse, bool chat_format, int index = 0) {
+  std::string text;
+  for (const json& e : sse.events) {
+    for (const json& c : e["choices"]) {
+      if (c["index"] != index) continue;
+      if (chat_format) {
+        if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+      } else {
+        text += c["text"].get<std::string>();
+      }
+    }
+  }
+  return text;
+}
+
+// Reads a metric's value from /metrics (the first line starting with `name`).
+double metric(httplib::Client& client, const std::string& name) {
+  auto res = client.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+class Server : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess({"--api-key", kKey, "--served-model-name", "tiny"});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_GT(server_->port(), 0) << server_->log();
+    client_ = std::make_unique<httplib::Client>(server_->client());
+  }
+  static inline ServerProcess* server_ = nullptr;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(Server, HealthModelsAndMetrics) {
+  auto health = client_->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_FALSE(health->get_header_value("X-Request-Id").empty());
+
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  ASSERT_EQ(models->status, 200);
+  const json m = json::parse(models->body);
+  EXPECT_EQ(m["object"], "list");
+  EXPECT_EQ(m["data"][0]["id"], "tiny");
+  EXPECT_EQ(m["data"][0]["object"], "model");
+  EXPECT_EQ(m["data"][0]["owned_by"], "pagellm");
+  EXPECT_EQ(m["data"][0]["max_model_len"], 2048);
+  EXPECT_EQ(m["data"][0]["kv_cache_blocks"], 64);
+
+  auto metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  for (const char* name : {"pagellm:num_requests_running", "pagellm:num_requests_waiting",
+                           "pagellm:kv_cache_usage_perc", "pagellm:prompt_tokens_total",
+                           "pagellm:generation_tokens_total", "pagellm:num_preemptions_total"}) {
+    EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
+  }
+}
+
+TEST_F(Server, TokenizeAndDetokenize) {
+  const json t = post_json(*client_, "/tokenize", {{"prompt", "hello world"}});
+  EXPECT_EQ(t["count"], t["tokens"].size());
+  EXPECT_EQ(t["max_model_len"], 2048);
+  // The BOS the model adds is a special token; decoding the rest gives the text back.
+  json ids = t["tokens"];
+  const json d = post_json(*client_, "/detokenize", {{"tokens", ids}});
+  EXPECT_NE(d["prompt"].get<std::string>().find("hello world"), std::string::npos) << d;
+  const json c = post_json(*client_, "/tokenize", chat("hi"));
+  EXPECT_GT(c["count"].get<int>(), 1);
+}
+
+TEST_F(Server, ChatStreamingAndWholeGiveTheSameGreedyText) {
+  const json body =
+      chat("Tell me a story", {{"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}});
+  const json whole = post_json(*client_, "/v1/chat/completions", body);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(whole["model"], "tiny");
+  EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
+  const json& usage = whole["usage"];
+  EXPECT_EQ(usage["completion_tokens"], 12);
+  const json tokenized = post_json(*client_, "/tokenize", chat("Tell me a story"));
+  EXPECT_EQ(usage["prompt_tokens"], tokenized["count"]);
+  EXPECT_EQ(usage["total_tokens"], usage["prompt_tokens"].get<int>() + 12);
+  EXPECT_TRUE(usage["prompt_tokens_details"].contains("cached_tokens"));
+
+  json stream_body = body;
+  stream_body["stream"] = true;
+  stream_body["stream_options"] = {{"include_usage", true}};
+  const Sse sse = post_stream(*client_, "/v1/chat/completions", stream_body);
+  EXPECT_EQ(sse.status, 200);
+  EXPECT_TRUE(sse.done);
+  ASSERT_GE(sse.events.size(), 3u);
+  EXPECT_EQ(sse.events.front()["object"], "chat.completion.chunk");
+  EXPECT_EQ(sse.events.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(stream_text(sse, true), whole["choices"][0]["message"]["content"]);
+  const json& last_choice = sse.events[sse.events.size() - 2]["choices"][0];
+  EXPECT_EQ(last_choice["finish_reason"], "length");
+  const json& usage_chunk = sse.events.back();
+  EXPECT_TRUE(usage_chunk["choices"].empty());
+  EXPECT_EQ(usage_chunk["usage"]["completion_tokens"], 12);
+  // The second identical prompt finds its full blocks in the prefix cache.
+  EXPECT_GT(usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
+}
+
+TEST_F(Server, CompletionsStreamingAndWholeGiveTheSameGreedyText) {
+  const json body = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}};
+  const json whole = post_json(*client_, "/v1/completions", body);
+  EXPECT_EQ(whole["object"], "text_completion");
+  EXPECT_EQ(whole["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  json stream_body = body;
+  stream_body["stream"] = true;
+  const Sse sse = post_stream(*client_, "/v1/completions", stream_body);
+  EXPECT_TRUE(sse.done);
+  EXPECT_EQ(stream_text(sse, false), whole["choices"][0]["text"]);
+  EXPECT_EQ(sse.events.back()["choices"][0]["finish_reason"], "length");
+
+  // Token ids as the prompt give the same text as the string they encode.
+  const json ids = post_json(*client_, "/tokenize", {{"prompt", "Once upon a time"}})["tokens"];
+  json by_ids = body;
+  by_ids["prompt"] = ids;
+  EXPECT_EQ(post_json(*client_, "/v1/completions", by_ids)["choices"][0]["text"],
+            whole["choices"][0]["text"]);
+}
+
+TEST_F(Server, SeveralChoicesAndSeeds) {
+  const json body =
+      chat("Pick a word",
+           {{"max_tokens", 8}, {"n", 3}, {"seed", 7}, {"temperature", 1.0}, {"ignore_eos", true}});
+  const json a = post_json(*client_, "/v1/chat/completions", body);
+  ASSERT_EQ(a["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(a["choices"][i]["index"], i);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 24);
+  // Same seed, same texts; the seed of choice i is seed + i.
+  const json b = post_json(*client_, "/v1/chat/completions", body);
+  json one = body;
+  one["n"] = 1;
+  one["seed"] = 8;
+  const json c = post_json(*client_, "/v1/chat/completions", one);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a["choices"][i]["message"]["content"], b["choices"][i]["message"]["content"]);
+  }
+  EXPECT_EQ(c["choices"][0]["message"]["content"], a["choices"][1]["message"]["content"]);
+
+  // Streaming several choices: each index gets its own text and end.
+  json stream_body = body;
+  stream_body["stream"] = true;
+  const Sse sse = post_stream(*client_, "/v1/chat/completions", stream_body);
+  EXPECT_TRUE(sse.done);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(stream_text(sse, true, i), a["choices"][i]["message"]["content"]) << i;
+  }
+}
+
+TEST_F(Server, StopStringsEndTheText) {
+  const json body = {
+      {"prompt", "The"}, {"max_tokens", 30}, {"temperature", 0}, {"ignore_eos", true}};
+  const std::string full = post_json(*client_, "/v1/completions", body)["choices"][0]["text"];
+  ASSERT_GE(full.size(), 6u);
+  const std::string stop = full.substr(full.size() / 2, 2);
+  json with_stop = body;
+  with_stop["stop"] = stop;
+  const json r = post_json(*client_, "/v1/completions", with_stop);
+  const std::string text = r["choices"][0]["text"];
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(text, full.substr(0, full.find(stop)));
+}
+
+TEST_F(Server, Logprobs) {
+  const json r = post_json(
+      *client_, "/v1/chat/completions",
+      chat("hi",
+           {{"max_tokens", 4}, {"logprobs", true}, {"top_logprobs", 3}, {"ignore_eos", true}}));
+  const json& content = r["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 4u);
+  for (const json& t : content) {
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_TRUE(t["bytes"].is_array());
+  }
+  const json c =
+      post_json(*client_, "/v1/completions",
+                {{"prompt", "hi"}, {"max_tokens", 3}, {"logprobs", 2}, {"ignore_eos", true}});
+  EXPECT_EQ(c["choices"][0]["logprobs"]["tokens"].size(), 3u);
+  EXPECT_EQ(c["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
+}
+
+TEST_F(Server, BadRequestsGetOpenAIErrors) {
+  const std::string chat_path = "/v1/chat/completions";
+  EXPECT_EQ(expect_error(*client_, chat_path, "{not json", 400)["type"], "invalid_request_error");
+  EXPECT_EQ(expect_error(*client_, chat_path, chat("x", {{"max_tokens", -1}}).dump(), 400)["param"],
+            "max_tokens");
+  expect_error(*client_, chat_path, chat("x", {{"temperature", 2.5}}).dump(), 400);
+  expect_error(*client_, chat_path, chat("x", {{"top_p", 0}}).dump(), 400);
+  expect_error(*client_, chat_path, chat("x", {{"n", 0}}).dump(), 400);
+  expect_error(*client_, chat_path, chat("x", {{"n", 17}}).dump(), 400);
+  expect_error(*client_, chat_path, chat("x", {{"logprobs", true}, {"top_logprobs", 21}}).dump(),
+               400);
+  expect_error(*client_, chat_path, chat("x", {{"max_tokens", "many"}}).dump(), 400);
+  expect_error(*client_, chat_path, R"({"messages": []})", 400);
+  expect_error(*client_, chat_path, R"({"messages": [{"role": "robot", "content": "x"}]})", 400);
+  const json model = expect_error(*client_, chat_path, chat("x", {{"model", "gpt-9"}}).dump(), 404);
+  EXPECT_EQ(model["code"], "model_not_found");
+  expect_error(*client_, "/v1/nothing", "{}", 404);
+
+  // Over the context window: the message gives the length and the limit.
+  const json too_long =
+      expect_error(*client_, "/v1/completions",
+                   json({{"prompt", std::vector<int>(2100, 5)}, {"max_tokens", 10}}).dump(), 400);
+  EXPECT_NE(too_long["message"].get<std::string>().find("2048"), std::string::npos) << too_long;
+  EXPECT_NE(too_long["message"].get<std::string>().find("2100"), std::string::npos) << too_long;
+  // Within the window but over the whole KV pool (64 blocks of 16).
+  const json never =
+      expect_error(*client_, "/v1/completions",
+                   json({{"prompt", std::vector<int>(1500, 5)}, {"max_tokens", 10}}).dump(), 400);
+  EXPECT_NE(never["message"].get<std::string>().find("KV blocks"), std::string::npos) << never;
+  expect_error(*client_, "/v1/completions", json({{"prompt", {1, 100000}}}).dump(), 400);
+
+  // Over the body limit.
+  const std::string huge = "{\"prompt\": \"" + std::string(33 << 20, 'a') + "\"}";
+  auto res = client_->Post("/v1/completions", huge, "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+
+  // And the server goes on.
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
+TEST_F(Server, ApiKeyIsRequired) {
+  httplib::Client anonymous = server_->client(false);
+  auto res = anonymous.Get("/v1/models");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+  EXPECT_EQ(json::parse(res->body)["error"]["type"], "authentication_error");
+  res = anonymous.Post("/v1/completions", R"({"prompt": "x"})", "application/json");
+  EXPECT_EQ(res->status, 401);
+  EXPECT_EQ(anonymous.Get("/health")->status, 200);
+  res = anonymous.Get("/v1/models", {{"Authorization", "Bearer wrong"}});
+  EXPECT_EQ(res->status, 401);
+  res = anonymous.Get("/v1/models", {{"X-Api-Key", kKey}});
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(Server, ClientThatHangsUpAbortsItsRequest) {
+  const double aborted_before = metric(
+      *client_, "pagellm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"}");
+  const Sse sse = post_stream(
+      *client_, "/v1/completions",
+      {{"prompt", "a long story"}, {"max_tokens", 1000}, {"ignore_eos", true}, {"stream", true}},
+      2);
+  EXPECT_EQ(sse.events.size(), 2u);
+  EXPECT_FALSE(sse.done);
+  // The engine frees the blocks as soon as the server sees the connection gone.
+  double used = -1, aborted = -1;
+  for (auto deadline = std::chrono::steady_clock::now() + 20s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(50ms)) {
+    used = metric(*client_, "pagellm:kv_cache_used_blocks");
+    aborted = metric(
+        *client_, "pagellm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"}");
+    if (used == 0 && aborted > aborted_before) break;
+  }
+  EXPECT_EQ(used, 0);
+  EXPECT_EQ(aborted, aborted_before + 1);
+  EXPECT_EQ(metric(*client_, "pagellm:kv_cache_usage_perc"), 0);
+}
+
+TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
+  ServerProcess server({"--max-waiting", "0"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client(false);
+  auto res =
+      client.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429);
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(json::parse(res->body)["error"]["type"], "rate_limit_error");
+}
+
+TEST(ServerProcess, SigtermLetsRequestsInFlightFinishAndExitsZero) {
+  ServerProcess server({});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client(false);
+  Sse sse;
+  std::thread request([&] {
+    sse =
+        post_stream(client, "/v1/completions",
+                    {{"prompt", "x"}, {"max_tokens", 300}, {"ignore_eos", true}, {"stream", true}});
+  });
+  // Wait until the request is running, then ask the server to stop.
+  httplib::Client probe = server.client(false);
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < deadline &&
+       metric(probe, "pagellm:num_requests_running") < 1;
+       std::this_thread::sleep_for(5ms)) {
+  }
+  EXPECT_EQ(server.stop(SIGTERM, 30s), 0) << server.log();
+  request.join();
+  EXPECT_TRUE(sse.done);
+  ASSERT_FALSE(sse.events.empty());
+  EXPECT_EQ(sse.events.back()["choices"][0]["finish_reason"], "length");
+}
+
+TEST(ServerProcess, ShutdownTimeoutAbortsWhatIsLeft) {
+  ServerProcess server({"--shutdown-timeout", "0"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client(false);
+  std::thread request([&] {
+    client.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 1000, "ignore_eos": true})",
+                "application/json");
+  });
+  httplib::Client probe = server.client(false);
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < deadline &&
+       metric(probe, "pagellm:num_requests_running") < 1;
+       std::this_thread::sleep_for(5ms)) {
+  }
+  EXPECT_EQ(server.stop(SIGINT, 20s), 0) << server.log();
+  request.join();
+}
+
+TEST(ServeCli, HelpListsTheOptionsAndCudaIsRefused) {
+  const std::string out =
+      std::filesystem::temp_directory_path() / ("pagellm_serve_help_" + std::to_string(getpid()));
+  const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --help > '" + out + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  const std::string help = read_file(out);
+  std::filesystem::remove(out);
+  for (const char* flag : {"--model", "--config", "--host", "--port", "--num-kv-blocks",
+                           "--kv-cache-bytes", "--max-num-seqs", "--max-num-batched-tokens",
+                           "--max-model-len", "--max-waiting", "--api-key", "--served-model-name",
+                           "--chat-template", "--log-level", "--shutdown-timeout", "--backend"}) {
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  }
+  const std::string cuda = std::string("'") + PAGELLM_BINARY + "' serve --backend cuda 2>/dev/null";
+  const int status = std::system(cuda.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+}
+
+}  // namespace
+}  // namespace pagellm
