@@ -295,7 +295,10 @@ int run_serve(Args args) {
     if (!o.chat_template.empty()) http_options.chat_template = o.chat_template;
     http = std::make_unique<server::HttpServer>(*engine, tokenizer, http_options);
     port = http->bind();
-    spdlog::info("serving '{}' on http://{}:{}", http_options.served_model_name, o.host, port);
+    spdlog::info("serving '{}'", http_options.served_model_name);
+    // On stdout whatever the log level: scripts and tests read the bound port here.
+    std::printf("pagellm: listening on http://%s:%d\n", o.host.c_str(), port);
+    std::fflush(stdout);
   } catch (const std::exception& e) {
     spdlog::error("pagellm serve: {}", e.what());
     return 1;

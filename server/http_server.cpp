@@ -177,6 +177,9 @@ struct HttpServer::Impl {
                res.set_content(render_metrics(engine.stats(), metrics, options.served_model_name),
                                "text/plain; version=0.0.4");
              }));
+    http.Get("/v1/stats", wrap(true, "req-", [this](auto&, auto& res, auto&) {
+               res.set_content(stats_json(engine.stats()), kJson);
+             }));
     http.Get("/v1/models", wrap(true, "req-", [this](auto&, auto& res, auto&) {
                ModelInfo info;
                info.id = options.served_model_name;
@@ -225,7 +228,9 @@ struct HttpServer::Impl {
                               : "the request was refused (HTTP " + std::to_string(res.status) + ")";
       res.set_content(error_body(error_for_status(res.status, message)), kJson);
       ++metrics.http_errors;
-      spdlog::info("- {} {} {}", req.method, req.path, res.status);
+      const std::string id = "req-" + random_hex(24);
+      res.set_header("X-Request-Id", id);
+      spdlog::info("{} {} {} {}", id, req.method, req.path, res.status);
       return httplib::Server::HandlerResponse::Handled;
     }));
     http.set_exception_handler(
@@ -250,8 +255,9 @@ struct HttpServer::Impl {
   std::vector<std::vector<int32_t>> prompt_tokens(const CompletionRequest& r) const {
     std::vector<std::vector<int32_t>> prompts;
     if (r.chat) {
-      const std::string text = render_chat_prompt(require_template(), render_defaults,
-                                                  r.messages_json, r.add_generation_prompt);
+      const std::string text =
+          render_chat_prompt(require_template(), render_defaults, r.messages_json,
+                             r.add_generation_prompt, r.template_variables_json);
       // The template writes the special tokens (BOS) itself.
       prompts.push_back(tokenizer->encode(text, false));
     } else {
@@ -275,6 +281,7 @@ struct HttpServer::Impl {
       case AddStatus::kNeverFits:
       case AddStatus::kInvalid:
       default:
+        if (!engine.alive()) return error_for_status(503, "the engine is not running");
         return invalid_request(result.message, "prompt");
     }
   }

@@ -98,4 +98,27 @@ std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics
   return out;
 }
 
+std::string stats_json(const engine::EngineStats& s) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\"alive\":%s,\"num_requests_running\":%d,\"num_requests_waiting\":%d,"
+                "\"kv_cache\":{\"total_blocks\":%d,\"used_blocks\":%d,\"cached_free_blocks\":%d,"
+                "\"free_blocks\":%d,\"num_sequences\":%d,\"usage\":%s,\"prefix_query_tokens\":%lld,"
+                "\"prefix_hit_tokens\":%lld,\"prefix_hit_rate\":%s},"
+                "\"scheduler\":{\"steps\":%lld,\"num_preemptions\":%lld,\"prompt_tokens\":%lld,"
+                "\"generation_tokens\":%lld},"
+                "\"finished\":{\"stop\":%lld,\"length\":%lld,\"abort\":%lld,\"failed\":%lld}}",
+                s.alive ? "true" : "false", s.num_running, s.num_waiting, s.kv.total_blocks,
+                s.kv.used_blocks, s.kv.cached_free_blocks, s.kv.free_blocks, s.kv.num_sequences,
+                number(s.kv.usage()).c_str(), static_cast<long long>(s.kv.prefix_query_tokens),
+                static_cast<long long>(s.kv.prefix_hit_tokens),
+                number(s.kv.prefix_hit_rate()).c_str(), static_cast<long long>(s.scheduler.steps),
+                static_cast<long long>(s.scheduler.num_preemptions),
+                static_cast<long long>(s.scheduler.prompt_tokens),
+                static_cast<long long>(s.scheduler.generation_tokens),
+                static_cast<long long>(s.finished_stop), static_cast<long long>(s.finished_length),
+                static_cast<long long>(s.finished_abort), static_cast<long long>(s.failed));
+  return buf;
+}
+
 }  // namespace pagellm::server

@@ -45,4 +45,7 @@ struct ServerMetrics {
 std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics& server,
                            const std::string& model_name);
 
+// The engine and pool state as JSON, for /v1/stats.
+std::string stats_json(const engine::EngineStats& stats);
+
 }  // namespace pagellm::server

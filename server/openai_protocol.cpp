@@ -358,6 +358,18 @@ CompletionRequest parse_chat_request(const std::string& body_text) {
   r.messages_json = dump(parse_messages(*messages));
   parse_common(body, r);
   if (auto v = bool_field(body, "add_generation_prompt")) r.add_generation_prompt = *v;
+  ordered_json variables = ordered_json::object();
+  if (const ordered_json* tools = field(body, "tools")) {
+    if (!tools->is_array()) fail("'tools' must be a list", "tools");
+    variables["tools"] = *tools;
+  }
+  if (const ordered_json* kwargs = field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object())
+      fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    for (auto it = kwargs->begin(); it != kwargs->end(); ++it)
+      variables[it.key()] = it.value();
+  }
+  if (!variables.empty()) r.template_variables_json = dump(variables);
   if (auto v = bool_field(body, "logprobs")) r.params.logprobs = *v;
   if (auto v = int_field(body, "top_logprobs", 0, kMaxTopLogprobs)) {
     if (!r.params.logprobs && *v > 0) {
@@ -433,9 +445,15 @@ std::string stream_usage_chunk(bool chat, const ResponseMeta& meta, const UsageR
 
 std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
                                const engine::ChatRenderOptions& defaults,
-                               const std::string& messages_json, bool add_generation_prompt) {
+                               const std::string& messages_json, bool add_generation_prompt,
+                               const std::string& template_variables_json) {
   engine::ChatRenderOptions options = defaults;
   options.add_generation_prompt = add_generation_prompt;
+  if (!template_variables_json.empty()) {
+    const ordered_json variables = ordered_json::parse(template_variables_json);
+    for (auto it = variables.begin(); it != variables.end(); ++it)
+      options.set(it.key(), it.value());
+  }
   try {
     return chat_template.render(ordered_json::parse(messages_json), options);
   } catch (const engine::ChatTemplateError& e) {

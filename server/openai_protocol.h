@@ -53,6 +53,8 @@ struct CompletionRequest {
   // Chat: the validated messages as JSON text (rendered by render_chat_prompt).
   std::string messages_json;
   bool add_generation_prompt = true;
+  // Chat: further template variables as a JSON object (tools, chat_template_kwargs).
+  std::string template_variables_json;
   // Completions: one or more prompts.
   std::vector<PromptInput> prompts;
   scheduler::SamplingParams params;
@@ -115,7 +117,8 @@ std::string stream_usage_chunk(bool chat, const ResponseMeta& meta, const UsageR
 // ApiException 400.
 std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
                                const engine::ChatRenderOptions& defaults,
-                               const std::string& messages_json, bool add_generation_prompt);
+                               const std::string& messages_json, bool add_generation_prompt,
+                               const std::string& template_variables_json = "");
 
 // /tokenize and /detokenize bodies.
 struct TokenizeRequest {

@@ -264,6 +264,11 @@ TEST_F(Server, HealthModelsAndMetrics) {
   EXPECT_EQ(m["data"][0]["max_model_len"], 2048);
   EXPECT_EQ(m["data"][0]["kv_cache_blocks"], 64);
 
+  auto stats = client_->Get("/v1/stats");
+  ASSERT_TRUE(stats);
+  EXPECT_EQ(stats->status, 200);
+  EXPECT_EQ(json::parse(stats->body)["kv_cache"]["total_blocks"], 64) << stats->body;
+
   auto metrics = client_->Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);
@@ -484,6 +489,24 @@ TEST_F(Server, ClientThatHangsUpAbortsItsRequest) {
   EXPECT_EQ(metric(*client_, "pagellm:kv_cache_usage_perc"), 0);
 }
 
+TEST(ServerProcess, ConfigFileSetsOptionsAndFlagsOverrideIt) {
+  const auto config = std::filesystem::temp_directory_path() /
+                      ("pagellm_server_test_config_" + std::to_string(getpid()) + ".json");
+  std::ofstream(config) << R"({"served_model_name": "from-config", "max-model-len": 512,
+                               "log-level": "warn"})";
+  ServerProcess server({"--config", config.string(), "--max-model-len", "256"});
+  std::filesystem::remove(config);
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client(false);
+  auto res = client.Get("/v1/models");
+  ASSERT_TRUE(res);
+  const json m = json::parse(res->body);
+  EXPECT_EQ(m["data"][0]["id"], "from-config");
+  EXPECT_EQ(m["data"][0]["max_model_len"], 256);
+  // The config's log level: no access log lines at info.
+  EXPECT_EQ(server.log().find("GET /v1/models"), std::string::npos) << server.log();
+}
+
 TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
   ServerProcess server({"--max-waiting", "0"});
   ASSERT_GT(server.port(), 0) << server.log();
@@ -551,9 +574,12 @@ TEST(ServeCli, HelpListsTheOptionsAndCudaIsRefused) {
                            "--chat-template", "--log-level", "--shutdown-timeout", "--backend"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
-  const std::string cuda = std::string("'") + PAGELLM_BINARY + "' serve --backend cuda 2>/dev/null";
-  const int status = std::system(cuda.c_str());
-  EXPECT_EQ(WEXITSTATUS(status), 2);
+  for (const char* args : {"--backend cuda", "--port x", "--config /nonexistent.json",
+                           "--num-kv-blocks 4 --kv-cache-bytes 100000"}) {
+    const std::string bad = std::string("'") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
+    const int status = std::system(bad.c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 2) << args;
+  }
 }
 
 }  // namespace

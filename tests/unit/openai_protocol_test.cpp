@@ -90,6 +90,14 @@ TEST(OpenAIProtocol, MessagesKeepTheirKeyOrderAndTextPartsAreJoined) {
             R"([{"role":"system","content":"s"},{"role":"user","content":"a\nb"}])");
 }
 
+TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
+  const CompletionRequest r = parse_chat_request(
+      chat_with(R"("tools": [{"type": "function"}], "chat_template_kwargs": {"x": 1})"));
+  EXPECT_EQ(r.template_variables_json, R"({"tools":[{"type":"function"}],"x":1})");
+  EXPECT_EQ(parse_chat_request(chat_with("")).template_variables_json, "");
+  EXPECT_EQ(chat_error(chat_with(R"("tools": 3)")).param, "tools");
+}
+
 TEST(OpenAIProtocol, RefusesBadChatRequests) {
   EXPECT_EQ(chat_error("{not json").status, 400);
   EXPECT_EQ(chat_error("[1, 2]").status, 400);
