@@ -1,7 +1,9 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <netdb.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -76,6 +78,57 @@ int64_t unix_now() {
 
 const char* finish_name(FinishReason r) {
   return r == FinishReason::kLength ? "length" : "stop";
+}
+
+// The socket of the connection `req` arrived on. cpp-httplib 0.11 does not hand it to
+// handlers, so it is found by the peer address, unique among the server's connections;
+// -1 when not found. Cached per worker thread, as keep-alive requests reuse a connection.
+int connection_socket(const httplib::Request& req) {
+  thread_local int cached = -1;
+  auto matches = [&](int fd) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return false;
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+      return false;
+    }
+    return req.remote_addr == host && std::to_string(req.remote_port) == port;
+  };
+  if (cached >= 0 && matches(cached)) return cached;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int fd = std::stoi(name);
+    if (matches(fd)) return cached = fd;
+  }
+  return -1;
+}
+
+// Whether the client is still there: a peer that has closed reads as end of file.
+// Unknown sockets count as connected.
+bool client_connected(int fd) {
+  if (fd < 0) return true;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n >= 0) return n > 0;
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+// Adds `from` (later output) to `into`.
+void merge_chunk(engine::GenerationChunk& into, engine::GenerationChunk&& from) {
+  into.text += from.text;
+  for (auto& t : from.tokens)
+    into.tokens.push_back(std::move(t));
+  if (from.finished) {
+    into.finished = true;
+    into.finish_reason = from.finish_reason;
+    into.error = std::move(from.error);
+    into.usage = from.usage;
+    into.times = from.times;
+  }
 }
 
 // One choice of a request: its stream and what has been gathered so far.
@@ -211,10 +264,10 @@ struct HttpServer::Impl {
               }));
     http.Post("/v1/chat/completions",
               wrap(true, "chatcmpl-", [this](auto& req, auto& res, auto& log) {
-                generate(parse_chat_request(req.body), res, log);
+                generate(parse_chat_request(req.body), req, res, log);
               }));
     http.Post("/v1/completions", wrap(true, "cmpl-", [this](auto& req, auto& res, auto& log) {
-                generate(parse_completion_request(req.body), res, log);
+                generate(parse_completion_request(req.body), req, res, log);
               }));
 
     // Unknown routes and httplib's own refusals (413) get an OpenAI-shaped body too.
@@ -292,7 +345,7 @@ struct HttpServer::Impl {
     }
   }
 
-  void generate(const CompletionRequest& r, httplib::Response& res,
+  void generate(const CompletionRequest& r, const httplib::Request& req, httplib::Response& res,
                 const std::shared_ptr<AccessLog>& log) {
     if (!r.model.empty() && r.model != options.served_model_name) {
       ApiError e = error_for_status(404, "the model '" + r.model + "' does not exist");
@@ -338,10 +391,12 @@ struct HttpServer::Impl {
       log->tokens_in += static_cast<int64_t>(p.size());
 
     ResponseMeta meta{log->id, unix_now(), options.served_model_name};
+    const int socket = connection_socket(req);
+    if (socket < 0) spdlog::debug("{}: connection socket not found", log->id);
     if (r.stream) {
-      stream_response(r, meta, std::move(choices), res, log);
+      stream_response(r, meta, std::move(choices), socket, res, log);
     } else {
-      whole_response(r, meta, choices, res, log);
+      whole_response(r, meta, choices, socket, res, log);
     }
   }
 
@@ -404,12 +459,24 @@ struct HttpServer::Impl {
   }
 
   void whole_response(const CompletionRequest& r, const ResponseMeta& meta,
-                      std::vector<Choice>& choices, httplib::Response& res,
+                      std::vector<Choice>& choices, int socket, httplib::Response& res,
                       const std::shared_ptr<AccessLog>& log) {
     std::vector<ChoiceResult> results;
     std::optional<ApiError> failure;
+    auto checked = Clock::now();
     for (Choice& c : choices) {
-      c.final = c.stream->collect();
+      while (!c.final.finished) {
+        if (auto chunk = c.stream->next(std::chrono::milliseconds(50))) {
+          merge_chunk(c.final, std::move(*chunk));
+        }
+        if (c.final.finished || Clock::now() - checked < std::chrono::milliseconds(50)) continue;
+        checked = Clock::now();
+        if (!client_connected(socket)) {
+          client_gone(choices, log);
+          res.status = 499;  // nobody reads it; the access log shows why
+          return;
+        }
+      }
       c.done = true;
       if (auto e = record_end(c, log); e && !failure) failure = e;
       ChoiceResult out;
@@ -426,21 +493,25 @@ struct HttpServer::Impl {
     res.set_content(completion_response(r.chat, meta, results, usage), kJson);
   }
 
+  void client_gone(const std::vector<Choice>& choices, const std::shared_ptr<AccessLog>& log) {
+    abort_all(choices);
+    ++metrics.requests_abort;
+    spdlog::info("{}: the client went away; request aborted", log->id);
+  }
+
   void stream_response(const CompletionRequest& r, const ResponseMeta& meta,
-                       std::vector<Choice> choices, httplib::Response& res,
+                       std::vector<Choice> choices, int socket, httplib::Response& res,
                        const std::shared_ptr<AccessLog>& log) {
     log->status = 200;
     auto state = std::make_shared<std::vector<Choice>>(std::move(choices));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, r, meta, state, log](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, r, meta, state, socket, log](size_t, httplib::DataSink& sink) {
           // The whole stream is written in this one call: httplib stops calling a
           // provider once the server is stopping, and a graceful shutdown must let
           // streams in flight finish.
-          if (!write_stream(r, meta, *state, sink, log)) {
-            abort_all(*state);
-            ++metrics.requests_abort;
-            spdlog::info("{}: client disconnected; request aborted", log->id);
+          if (!write_stream(r, meta, *state, socket, sink, log)) {
+            client_gone(*state, log);
             return false;
           }
           sink.done();
@@ -455,7 +526,7 @@ struct HttpServer::Impl {
 
   // Writes SSE events until every choice has finished; false when the client is gone.
   bool write_stream(const CompletionRequest& r, const ResponseMeta& meta,
-                    std::vector<Choice>& choices, httplib::DataSink& sink,
+                    std::vector<Choice>& choices, int socket, httplib::DataSink& sink,
                     const std::shared_ptr<AccessLog>& log) {
     if (r.chat) {
       for (Choice& c : choices) {
@@ -502,9 +573,10 @@ struct HttpServer::Impl {
       }
       if (any) {
         idle_since = Clock::now();
-      } else if (Clock::now() - idle_since > std::chrono::seconds(2)) {
-        // A comment line: SSE clients skip it, and a client that has gone away shows
-        // up as a failed write even while the request waits in the queue.
+      } else if (!client_connected(socket)) {
+        return false;  // gone while the request waits in the queue
+      } else if (Clock::now() - idle_since > std::chrono::seconds(15)) {
+        // A comment line, which SSE clients skip, so that proxies keep the connection.
         if (!sink.write(": keep-alive\n\n", 14)) return false;
         idle_since = Clock::now();
       }

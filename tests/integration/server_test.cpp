@@ -507,6 +507,30 @@ TEST(ServerProcess, ConfigFileSetsOptionsAndFlagsOverrideIt) {
   EXPECT_EQ(server.log().find("GET /v1/models"), std::string::npos) << server.log();
 }
 
+TEST_F(Server, ClientThatTimesOutOnAWholeResponseAbortsItsRequest) {
+  const std::string aborted_metric =
+      "pagellm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"}";
+  const double aborted_before = metric(*client_, aborted_metric);
+  // Sixteen long choices that take turns in the 64-block pool: seconds of work.
+  {
+    httplib::Client impatient = server_->client();
+    impatient.set_read_timeout(0, 300'000);
+    auto res = impatient.Post("/v1/completions",
+                              R"({"prompt": "x", "max_tokens": 1000, "n": 16, "ignore_eos": true})",
+                              "application/json");
+    EXPECT_FALSE(res);  // timed out
+  }                     // the client closes its connection
+  double used = -1, aborted = -1;
+  for (auto deadline = std::chrono::steady_clock::now() + 20s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(50ms)) {
+    used = metric(*client_, "pagellm:kv_cache_used_blocks");
+    aborted = metric(*client_, aborted_metric);
+    if (used == 0 && aborted > aborted_before) break;
+  }
+  EXPECT_EQ(used, 0);
+  EXPECT_EQ(aborted, aborted_before + 1);
+}
+
 TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
   ServerProcess server({"--max-waiting", "0"});
   ASSERT_GT(server.port(), 0) << server.log();
@@ -519,46 +543,57 @@ TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
   EXPECT_EQ(json::parse(res->body)["error"]["type"], "rate_limit_error");
 }
 
+// Waits until the server runs a request.
+void wait_until_running(httplib::Client& probe) {
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(5ms)) {
+    if (metric(probe, "pagellm:num_requests_running") >= 1) return;
+  }
+  ADD_FAILURE() << "no request started running";
+}
+
 TEST(ServerProcess, SigtermLetsRequestsInFlightFinishAndExitsZero) {
   ServerProcess server({});
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client client = server.client(false);
   Sse sse;
+  // Eight choices of 400 tokens, two at a time in the pool: still running at the signal.
   std::thread request([&] {
-    sse =
-        post_stream(client, "/v1/completions",
-                    {{"prompt", "x"}, {"max_tokens", 300}, {"ignore_eos", true}, {"stream", true}});
+    sse = post_stream(
+        client, "/v1/completions",
+        {{"prompt", "x"}, {"max_tokens", 400}, {"n", 8}, {"ignore_eos", true}, {"stream", true}});
   });
-  // Wait until the request is running, then ask the server to stop.
   httplib::Client probe = server.client(false);
-  for (auto deadline = std::chrono::steady_clock::now() + 10s;
-       std::chrono::steady_clock::now() < deadline &&
-       metric(probe, "pagellm:num_requests_running") < 1;
-       std::this_thread::sleep_for(5ms)) {
-  }
+  wait_until_running(probe);
   EXPECT_EQ(server.stop(SIGTERM, 30s), 0) << server.log();
   request.join();
   EXPECT_TRUE(sse.done);
-  ASSERT_FALSE(sse.events.empty());
-  EXPECT_EQ(sse.events.back()["choices"][0]["finish_reason"], "length");
+  int finished = 0;
+  for (const json& e : sse.events) {
+    if (!e.contains("choices")) continue;
+    for (const json& c : e["choices"]) {
+      if (c["finish_reason"] == "length") ++finished;
+    }
+  }
+  EXPECT_EQ(finished, 8);
 }
 
 TEST(ServerProcess, ShutdownTimeoutAbortsWhatIsLeft) {
   ServerProcess server({"--shutdown-timeout", "0"});
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client client = server.client(false);
+  int status = 0;
   std::thread request([&] {
-    client.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 1000, "ignore_eos": true})",
-                "application/json");
+    auto res = client.Post("/v1/completions",
+                           R"({"prompt": "x", "max_tokens": 1000, "n": 16, "ignore_eos": true})",
+                           "application/json");
+    status = res ? res->status : -1;
   });
   httplib::Client probe = server.client(false);
-  for (auto deadline = std::chrono::steady_clock::now() + 10s;
-       std::chrono::steady_clock::now() < deadline &&
-       metric(probe, "pagellm:num_requests_running") < 1;
-       std::this_thread::sleep_for(5ms)) {
-  }
+  wait_until_running(probe);
   EXPECT_EQ(server.stop(SIGINT, 20s), 0) << server.log();
   request.join();
+  EXPECT_EQ(status, 503);
 }
 
 TEST(ServeCli, HelpListsTheOptionsAndCudaIsRefused) {
