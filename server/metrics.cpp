@@ -2,15 +2,20 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "engine/engine.h"
 
 namespace pagellm::server {
 namespace {
 
+// The shortest text that reads back as the same double.
 std::string number(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  for (int precision = 15; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 
