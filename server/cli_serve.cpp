@@ -270,6 +270,11 @@ int run_serve(Args args) {
     config.scheduler.max_model_len = o.max_model_len;
     config.scheduler.max_waiting = o.max_waiting;
     const engine::ModelConfig& mc = model->config();
+    if (o.max_model_len > mc.max_position_embeddings) {
+      throw std::runtime_error("--max-model-len " + std::to_string(o.max_model_len) +
+                               " is over the model's max_position_embeddings (" +
+                               std::to_string(mc.max_position_embeddings) + ")");
+    }
     if (o.num_kv_blocks) {
       config.num_kv_blocks = *o.num_kv_blocks;
     } else if (o.kv_cache_bytes) {
@@ -293,6 +298,8 @@ int run_serve(Args args) {
                                          ? o.served_model_name
                                          : std::filesystem::absolute(model_dir).filename().string();
     if (!o.chat_template.empty()) http_options.chat_template = o.chat_template;
+    // Every request in flight holds a connection thread while it waits or streams.
+    http_options.threads = std::max(128, o.max_num_seqs + 64);
     http = std::make_unique<server::HttpServer>(*engine, tokenizer, http_options);
     port = http->bind();
     spdlog::info("serving '{}'", http_options.served_model_name);

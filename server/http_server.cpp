@@ -291,6 +291,8 @@ struct HttpServer::Impl {
           send_error(res, error_for_status(500, "internal server error"));
         });
     http.set_payload_max_length(options.max_body_bytes);
+    // Load generators and SDKs reuse connections for many requests.
+    http.set_keep_alive_max_count(1000);
     const int threads = options.threads;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   }

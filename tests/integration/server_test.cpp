@@ -389,6 +389,13 @@ TEST_F(Server, StopStringsEndTheText) {
   const std::string text = r["choices"][0]["text"];
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(text, full.substr(0, full.find(stop)));
+
+  // Streaming holds back what could be the start of a stop string: never sent.
+  json stream_body = with_stop;
+  stream_body["stream"] = true;
+  const Sse sse = post_stream(*client_, "/v1/completions", stream_body);
+  EXPECT_EQ(stream_text(sse, false), text);
+  EXPECT_EQ(sse.events.back()["choices"][0]["finish_reason"], "stop");
 }
 
 TEST_F(Server, Logprobs) {
