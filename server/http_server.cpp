@@ -448,6 +448,13 @@ struct HttpServer::Impl {
     if (f.times.finished > 0 && f.times.arrival > 0) {
       metrics.e2e_latency.observe(f.times.finished - f.times.arrival);
     }
+    if (f.times.first_scheduled > 0 && f.times.arrival > 0) {
+      metrics.queue_time.observe(f.times.first_scheduled - f.times.arrival);
+    }
+    if (f.usage.completion_tokens > 1 && f.times.last_token > f.times.first_token) {
+      metrics.time_per_output_token.observe((f.times.last_token - f.times.first_token) /
+                                            (f.usage.completion_tokens - 1));
+    }
     if (!f.error.empty()) {
       spdlog::error("{}: request failed in the engine: {}", log->id, f.error);
       return error_for_status(500, "the request failed inside the engine");

@@ -53,6 +53,9 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
 ServerMetrics::ServerMetrics()
     : time_to_first_token({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                            2.5, 5.0, 7.5, 10.0}),
+      time_per_output_token({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                             0.4, 0.5, 0.75, 1.0, 2.5}),
+      queue_time({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0}),
       e2e_latency(
           {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0}) {}
 
@@ -97,6 +100,12 @@ std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics
   out += "# HELP pagellm:time_to_first_token_seconds Time to first token.\n";
   out += "# TYPE pagellm:time_to_first_token_seconds histogram\n";
   server.time_to_first_token.render(out, "pagellm:time_to_first_token_seconds", labels);
+  out += "# HELP pagellm:time_per_output_token_seconds Mean time between a request's tokens.\n";
+  out += "# TYPE pagellm:time_per_output_token_seconds histogram\n";
+  server.time_per_output_token.render(out, "pagellm:time_per_output_token_seconds", labels);
+  out += "# HELP pagellm:request_queue_time_seconds Arrival to first scheduled.\n";
+  out += "# TYPE pagellm:request_queue_time_seconds histogram\n";
+  server.queue_time.render(out, "pagellm:request_queue_time_seconds", labels);
   out += "# HELP pagellm:e2e_request_latency_seconds Arrival to last token.\n";
   out += "# TYPE pagellm:e2e_request_latency_seconds histogram\n";
   server.e2e_latency.render(out, "pagellm:e2e_request_latency_seconds", labels);

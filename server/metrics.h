@@ -39,6 +39,8 @@ struct ServerMetrics {
   std::atomic<int64_t> requests_abort{0};   // client gone or shutdown
   std::atomic<int64_t> http_errors{0};      // answered with a 4xx or 5xx
   Histogram time_to_first_token;
+  Histogram time_per_output_token;  // a request's mean gap between tokens
+  Histogram queue_time;             // arrival to first scheduled
   Histogram e2e_latency;
 };
 

@@ -274,7 +274,9 @@ TEST_F(Server, HealthModelsAndMetrics) {
   EXPECT_EQ(metrics->status, 200);
   for (const char* name : {"pagellm:num_requests_running", "pagellm:num_requests_waiting",
                            "pagellm:kv_cache_usage_perc", "pagellm:prompt_tokens_total",
-                           "pagellm:generation_tokens_total", "pagellm:num_preemptions_total"}) {
+                           "pagellm:generation_tokens_total", "pagellm:num_preemptions_total",
+                           "pagellm:time_to_first_token_seconds_bucket",
+                           "pagellm:e2e_request_latency_seconds_count"}) {
     EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
   }
 }
@@ -375,6 +377,25 @@ TEST_F(Server, SeveralChoicesAndSeeds) {
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(stream_text(sse, true, i), a["choices"][i]["message"]["content"]) << i;
   }
+}
+
+TEST_F(Server, ConcurrentRequestsGetTheTextTheyGetAlone) {
+  const json body = {
+      {"prompt", "In the morning"}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}};
+  const json alone = post_json(*client_, "/v1/completions", body)["choices"][0]["text"];
+  std::vector<json> texts(8);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c = server_->client();
+      auto res = c.Post("/v1/completions", body.dump(), "application/json");
+      if (res && res->status == 200) texts[i] = json::parse(res->body)["choices"][0]["text"];
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  for (const json& t : texts)
+    EXPECT_EQ(t, alone);
 }
 
 TEST_F(Server, StopStringsEndTheText) {
