@@ -294,9 +294,10 @@ int run_serve(Args args) {
     http_options.port = o.port;
     http_options.api_key = o.api_key;
     http_options.model_dir = model_dir;
-    http_options.served_model_name = !o.served_model_name.empty()
-                                         ? o.served_model_name
-                                         : std::filesystem::absolute(model_dir).filename().string();
+    std::filesystem::path folder = std::filesystem::absolute(model_dir).lexically_normal();
+    if (folder.filename().empty()) folder = folder.parent_path();  // "DIR/"
+    http_options.served_model_name =
+        !o.served_model_name.empty() ? o.served_model_name : folder.filename().string();
     if (!o.chat_template.empty()) http_options.chat_template = o.chat_template;
     // Every request in flight holds a connection thread while it waits or streams.
     http_options.threads = std::max(128, o.max_num_seqs + 64);

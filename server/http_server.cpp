@@ -482,7 +482,8 @@ struct HttpServer::Impl {
         checked = Clock::now();
         if (!client_connected(socket)) {
           client_gone(choices, log);
-          res.status = 499;  // nobody reads it; the access log shows why
+          // Nobody reads it; the access log shows why (nginx's "client closed request").
+          send_error(res, error_for_status(499, "the client closed the connection"));
           return;
         }
       }
@@ -505,6 +506,7 @@ struct HttpServer::Impl {
   void client_gone(const std::vector<Choice>& choices, const std::shared_ptr<AccessLog>& log) {
     abort_all(choices);
     ++metrics.requests_abort;
+    log->status = 499;
     spdlog::info("{}: the client went away; request aborted", log->id);
   }
 
