@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -28,7 +29,9 @@ constexpr const char* kUsage =
     "usage: pagellm serve [options]\n"
     "\n"
     "Serves a model over an OpenAI-compatible HTTP API: /v1/chat/completions,\n"
-    "/v1/completions, /v1/models, /tokenize, /detokenize, /health and /metrics.\n"
+    "/v1/completions, /v1/models, /tokenize, /detokenize, /v1/stats, /health and\n"
+    "/metrics (Prometheus). The bound address is printed on stdout; the log (one line\n"
+    "per request) goes to stderr.\n"
     "\n"
     "  --model DIR                 Hugging Face model folder (default: the demo model,\n"
     "                              written to models/demo on first use)\n"
@@ -254,6 +257,8 @@ int run_serve(Args args) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A client that hangs up shows as a failed write, not as a signal that ends us.
+  std::signal(SIGPIPE, SIG_IGN);
 
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<server::HttpServer> http;
