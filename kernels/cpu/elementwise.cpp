@@ -55,25 +55,51 @@ void rmsnorm_row(const float* x, const void* weight, DType wt, int64_t dim, floa
     out[d] = detail::load_scalar(weight, wt, d) * (x[d] * inv);
 }
 
+// out[i] = silu(gate[i]) * up[i] for i in [0, n).
+void silu_mul_span(const float* gate, const float* up, int64_t n, float* out) {
+  int64_t i = 0;
+#if defined(PAGELLM_KERNELS_AVX512)
+  if (detail::use_simd()) {
+    for (; i < n; i += kLanes) {
+      const __mmask16 m = detail::tail_mask(n - i);
+      const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+      const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    const float s = g / (1.0f + detail::exp_scalar(0.0f - g));
+    out[i] = s * up[i];
+  }
+}
+
+// Below this many elements an elementwise kernel runs on the calling thread: waking the
+// others costs more than the work.
+constexpr int64_t kSmallElementwise = 8192;
+
 }  // namespace
 
 void embedding(const int32_t* ids, int64_t num_tokens, const void* table, DType dtype,
                int64_t hidden, float* out) {
-#pragma omp parallel for schedule(static)
+  // A single row is not worth waking the other threads for (decode at batch 1).
+#pragma omp parallel for schedule(static) if (num_tokens > 1)
   for (int64_t t = 0; t < num_tokens; ++t)
     convert_row(table, dtype, static_cast<int64_t>(ids[t]) * hidden, hidden, out + t * hidden);
 }
 
 void rmsnorm(const float* x, const void* weight, DType w_dtype, int64_t rows, int64_t dim,
              float eps, float* out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t r = 0; r < rows; ++r)
     rmsnorm_row(x + r * dim, weight, w_dtype, dim, eps, out + r * dim);
 }
 
 void add_rmsnorm(float* residual, const float* x, const void* weight, DType w_dtype, int64_t rows,
                  int64_t dim, float eps, float* out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     float* res = residual + r * dim;
     const float* xr = x + r * dim;
@@ -87,7 +113,7 @@ void add_rmsnorm(float* residual, const float* x, const void* weight, DType w_dt
 void rope(float* q, float* k, const int32_t* positions, int64_t num_tokens, int num_q_heads,
           int num_kv_heads, int head_dim, const float* inv_freq) {
   const int half = head_dim / 2;
-#pragma omp parallel
+#pragma omp parallel if (num_tokens > 1)
   {
     std::vector<float> cos_t(half), sin_t(half);
 #pragma omp for schedule(static)
@@ -117,31 +143,27 @@ void rope(float* q, float* k, const int32_t* positions, int64_t num_tokens, int 
 void silu_mul(const float* gate, const float* up, int64_t rows, int64_t dim, float* out) {
   const int64_t total = rows * dim;
   // Elementwise: the split over threads cannot change any value.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (total > kSmallElementwise)
   for (int64_t c = 0; c < total; c += 1024) {
     const int64_t end = std::min(total, c + 1024);
-    int64_t i = c;
-#if defined(PAGELLM_KERNELS_AVX512)
-    if (detail::use_simd()) {
-      for (; i < end; i += kLanes) {
-        const __mmask16 m = detail::tail_mask(end - i);
-        const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
-        const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
-      }
-    }
-#endif
-    for (; i < end; ++i) {
-      const float g = gate[i];
-      const float s = g / (1.0f + detail::exp_scalar(0.0f - g));
-      out[i] = s * up[i];
-    }
+    silu_mul_span(gate + c, up + c, end - c, out + c);
+  }
+}
+
+void silu_mul_fused(const float* gate_up, int64_t rows, int64_t dim, float* out) {
+  const int64_t chunks = (dim + 1023) / 1024;
+#pragma omp parallel for schedule(static) if (rows * dim > kSmallElementwise)
+  for (int64_t item = 0; item < rows * chunks; ++item) {
+    const int64_t r = item / chunks;
+    const int64_t c = (item % chunks) * 1024;
+    const int64_t n = std::min(dim, c + 1024) - c;
+    const float* g = gate_up + r * 2 * dim + c;
+    silu_mul_span(g, g + dim, n, out + r * dim + c);
   }
 }
 
 void argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = logits + r * vocab;
     int64_t best = 0;

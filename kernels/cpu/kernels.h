@@ -97,6 +97,12 @@ void silu_mul(const float* gate,  // [rows, dim]
               int64_t rows, int64_t dim,
               float* out);  // [rows, dim]
 
+// The same over a fused gate|up projection: out[r, :] = silu(gate_up[r, :dim]) *
+// gate_up[r, dim:], each element computed exactly as silu_mul does.
+void silu_mul_fused(const float* gate_up,  // [rows, 2 * dim]
+                    int64_t rows, int64_t dim,
+                    float* out);  // [rows, dim]
+
 // One layer's paged KV cache: K and V each [num_blocks, kBlockSize, num_kv_heads,
 // head_dim] of `dtype`; token slot s lives at row s of the flattened first two axes.
 struct KVCacheLayer {

@@ -36,7 +36,7 @@ void write_kv(const float* k, const float* v, const int64_t* slots, int64_t num_
               const KVCacheLayer& cache) {
   const int64_t row = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
   const int64_t row_bytes = row * dtype_size(cache.dtype);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (num_tokens > 1)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slots[t];
     if (slot < 0) continue;

@@ -2,12 +2,19 @@
 //
 // Every output y[i, j] is one float32 accumulator: acc = fma(x[i, kk], w[j, kk], acc) for
 // kk = 0, 1, ..., k-1 starting from 0, then acc + bias[j]. The kernels below only choose
-// which accumulators run side by side (register tiles of up to 4 panels x 6 rows), how the
-// weights reach them (read in place, or converted to float32 once per k-block when several
-// row tiles reuse them; the conversion is exact) and which thread owns which panels. None
-// of that changes an accumulator's operations, so results do not depend on m, on a row's
-// place in the batch, or on the thread count. Splitting k into blocks stores the float32
-// partial sum in y and reloads it, which is exact too.
+// which accumulators run side by side (register tiles of up to 4 panels x 6 rows, or 8
+// panels x 1 row), how the weights reach them (read in place, or converted to float32 once
+// per k-block when many row tiles reuse them; the conversion is exact) and which thread
+// owns which panels. None of that changes an accumulator's operations, so results do not
+// depend on m, on a row's place in the batch, or on the thread count. Splitting k into
+// blocks stores the float32 partial sum in y and reloads it, which is exact too.
+//
+// Decode (m up to 32) is bound by reading the weights: each thread streams its own
+// contiguous range of panels once per call, with software prefetch ahead of the loads,
+// and reuses each loaded weight vector for every row. Prefill reuses float32 copies of
+// k-blocks across row tiles.
+
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -18,49 +25,88 @@
 #include <type_traits>
 #include <utility>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/simd.h"
 
 namespace pagellm::kernels::cpu {
 namespace {
 
-using detail::kLanes;
-
 constexpr int kPanel = 16;         // outputs per panel: one SIMD lane each
 constexpr int kTilePanels = 4;     // panels per register tile
 constexpr int kTileRows = 6;       // rows per register tile: 24 accumulators
-constexpr int64_t kKBlock = 256;   // k-block: 4 float32 panels x 256 = 64 KiB, in L2
+constexpr int kGemvPanels = 8;     // panels side by side when m = 1: 8 memory streams
+constexpr int64_t kKBlock = 256;   // k-block of the float32 copies: 4 panels x 256 = 64 KiB
 constexpr int64_t kRowChunk = 96;  // rows per work item when m is large
-// Up to two row tiles read 16-bit weights in place (converted in the tile, k-block in L1);
-// more share one float32 conversion per k-block.
-constexpr int64_t kInlineRows = 2 * kTileRows;
+// Up to this many rows the weights are streamed once from memory and converted in the
+// register tiles; each k-block of a tile's panels stays in L1 while every row tile uses it.
+constexpr int64_t kStreamRows = 32;
+constexpr int64_t kStreamKBlock = 256;  // 4 bf16 panels x 256 = 32 KiB
+// How far ahead of its loads each weight stream is prefetched.
+constexpr int64_t kPrefetchBytes = 1024;
+
+// bf16 panels store k in pairs: the 64 bytes of kk and kk + 1 hold w[l, kk] in 16-bit
+// element 2l and w[l, kk + 1] in element 2l + 1, so one load and one shift or mask give
+// a float32 vector (bf16 is the high half of float32). An odd last kk is stored plainly.
+// Other types store [k][16]. Offset of (kk, l) in a panel whose k-range has kn elements
+// from an even start:
+inline int64_t packed_offset(bool paired, int64_t kk, int l, int64_t kn) {
+  const int64_t even = kk & ~int64_t{1};
+  if (paired && even + 1 < kn) return even * kPanel + 2 * l + (kk & 1);
+  return kk * kPanel + l;
+}
 
 // Weight element types, and their exact conversion to float32.
 struct F32W {
   using T = float;
+  static constexpr bool kPaired = false;
   static float scalar(T v) { return v; }
 #if defined(PAGELLM_KERNELS_AVX512)
-  static __m512 load(const T* p) {
+  static __m512 load1(const T* p) {
     return _mm512_loadu_ps(p);
+  }
+  static __m512 even(const T* p) {
+    return _mm512_loadu_ps(p);
+  }
+  static __m512 odd(const T* p) {
+    return _mm512_loadu_ps(p + kPanel);
   }
 #endif
 };
 struct BF16W {
   using T = uint16_t;
+  static constexpr bool kPaired = true;
   static float scalar(T v) { return bf16_to_f32(v); }
 #if defined(PAGELLM_KERNELS_AVX512)
-  static __m512 load(const T* p) {
+  static __m512 load1(const T* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512 even(const T* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
+  }
+  static __m512 odd(const T* p) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
 #endif
 };
 struct F16W {
   using T = uint16_t;
+  static constexpr bool kPaired = false;
   static float scalar(T v) { return f16_to_f32(v); }
 #if defined(PAGELLM_KERNELS_AVX512)
-  static __m512 load(const T* p) {
+  static __m512 load1(const T* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 even(const T* p) {
+    return load1(p);
+  }
+  static __m512 odd(const T* p) {
+    return load1(p + kPanel);
   }
 #endif
 };
@@ -71,9 +117,9 @@ template <class W>
 struct TileArgs {
   const float* x;  // [R, ldx], already offset to the k-block
   int64_t ldx;
-  const typename W::T* w;  // [P, ws] panels, each [kn][16], offset to the k-block
+  const typename W::T* w;  // [P, ws] panels, each holding kn steps, offset to the k-block
   int64_t ws;
-  int64_t kn;
+  int64_t kn;  // even unless the block ends at k
   bool first, last;
   const float* bias;  // [ncols] or nullptr
   float* y;           // [R, ldy]
@@ -95,7 +141,7 @@ void tile_portable(int P, int R, const TileArgs<W>& a) {
       for (int64_t t = 0; t < a.kn; ++t) {
         const float xv = xr[t];
         for (int l = 0; l < kPanel; ++l)
-          acc[l] = std::fma(xv, W::scalar(wp[t * kPanel + l]), acc[l]);
+          acc[l] = std::fma(xv, W::scalar(wp[packed_offset(W::kPaired, t, l, a.kn)]), acc[l]);
       }
       for (int l = 0; l < cols; ++l)
         yr[l] = a.last && a.bias != nullptr ? acc[l] + a.bias[kPanel * p + l] : acc[l];
@@ -104,7 +150,15 @@ void tile_portable(int P, int R, const TileArgs<W>& a) {
 }
 
 #if defined(PAGELLM_KERNELS_AVX512)
-template <class W, int P, int R>
+// Prefetches the bytes `kPrefetchBytes` ahead of one k-pair of a panel.
+template <class W>
+inline void prefetch_pair(const typename W::T* w) {
+  const char* p = reinterpret_cast<const char*>(w) + kPrefetchBytes;
+  for (size_t b = 0; b < 2 * kPanel * sizeof(typename W::T); b += 64)
+    detail::prefetch_l1(p + b);
+}
+
+template <class W, int P, int R, bool PF>
 void tile_avx512(const TileArgs<W>& a) {
   __mmask16 mask[P];
   for (int p = 0; p < P; ++p)
@@ -116,10 +170,37 @@ void tile_avx512(const TileArgs<W>& a) {
                           : _mm512_maskz_loadu_ps(mask[p], a.y + r * a.ldy + kPanel * p);
   const typename W::T* w = a.w;
   const float* x = a.x;
-  for (int64_t t = 0; t < a.kn; ++t, w += kPanel, ++x) {
+  int64_t t = 0;
+  for (; t + 2 <= a.kn; t += 2, w += 2 * kPanel, x += 2) {
+    if constexpr (PF) {
+      for (int p = 0; p < P; ++p)
+        prefetch_pair<W>(w + p * a.ws);
+    }
+    {
+      __m512 wv[P];
+      for (int p = 0; p < P; ++p)
+        wv[p] = W::even(w + p * a.ws);
+      for (int r = 0; r < R; ++r) {
+        const __m512 xb = _mm512_set1_ps(x[r * a.ldx]);
+        for (int p = 0; p < P; ++p)
+          acc[r][p] = _mm512_fmadd_ps(xb, wv[p], acc[r][p]);
+      }
+    }
+    {
+      __m512 wv[P];
+      for (int p = 0; p < P; ++p)
+        wv[p] = W::odd(w + p * a.ws);
+      for (int r = 0; r < R; ++r) {
+        const __m512 xb = _mm512_set1_ps(x[r * a.ldx + 1]);
+        for (int p = 0; p < P; ++p)
+          acc[r][p] = _mm512_fmadd_ps(xb, wv[p], acc[r][p]);
+      }
+    }
+  }
+  if (t < a.kn) {
     __m512 wv[P];
     for (int p = 0; p < P; ++p)
-      wv[p] = W::load(w + p * a.ws);
+      wv[p] = W::load1(w + p * a.ws);
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * a.ldx]);
       for (int p = 0; p < P; ++p)
@@ -139,28 +220,46 @@ void tile_avx512(const TileArgs<W>& a) {
 template <class W>
 using TileFn = void (*)(const TileArgs<W>&);
 
-template <class W, int P, int... Rs>
+template <class W, int P, bool PF, int... Rs>
 constexpr std::array<TileFn<W>, kTileRows> tile_row_table(std::integer_sequence<int, Rs...>) {
-  return {&tile_avx512<W, P, Rs + 1>...};
+  return {&tile_avx512<W, P, Rs + 1, PF>...};
+}
+
+template <class W, bool PF>
+constexpr std::array<std::array<TileFn<W>, kTileRows>, kTilePanels> tile_table() {
+  return {tile_row_table<W, 1, PF>(std::make_integer_sequence<int, kTileRows>{}),
+          tile_row_table<W, 2, PF>(std::make_integer_sequence<int, kTileRows>{}),
+          tile_row_table<W, 3, PF>(std::make_integer_sequence<int, kTileRows>{}),
+          tile_row_table<W, 4, PF>(std::make_integer_sequence<int, kTileRows>{})};
 }
 
 template <class W>
-constexpr std::array<std::array<TileFn<W>, kTileRows>, kTilePanels> kTiles = {
-    tile_row_table<W, 1>(std::make_integer_sequence<int, kTileRows>{}),
-    tile_row_table<W, 2>(std::make_integer_sequence<int, kTileRows>{}),
-    tile_row_table<W, 3>(std::make_integer_sequence<int, kTileRows>{}),
-    tile_row_table<W, 4>(std::make_integer_sequence<int, kTileRows>{})};
-#endif
+constexpr std::array<std::array<std::array<TileFn<W>, kTileRows>, kTilePanels>, 2> kTiles = {
+    tile_table<W, false>(), tile_table<W, true>()};
+
+template <class W, int... Ps>
+constexpr std::array<TileFn<W>, kGemvPanels> gemv_table(std::integer_sequence<int, Ps...>) {
+  return {&tile_avx512<W, Ps + 1, 1, true>...};
+}
 
 template <class W>
-void run_tile(bool simd, int P, int R, const TileArgs<W>& a) {
+constexpr std::array<TileFn<W>, kGemvPanels> kGemv =
+    gemv_table<W>(std::make_integer_sequence<int, kGemvPanels>{});
+#endif
+
+// P panels x R rows; `prefetch` when the weights come from memory (first pass over them).
+template <class W>
+void run_tile(bool simd, int P, int R, bool prefetch, const TileArgs<W>& a) {
 #if defined(PAGELLM_KERNELS_AVX512)
-  if (simd) return kTiles<W>[P - 1][R - 1](a);
+  if (simd) {
+    if (P > kTilePanels) return kGemv<W>[P - 1](a);
+    return kTiles<W>[prefetch ? 1 : 0][P - 1][R - 1](a);
+  }
 #endif
   tile_portable(P, R, a);
 }
 
-// Float32 copy of panels [0, P) of a group over kk in [k0, k1): [P][k1 - k0][16].
+// Float32 copy of panels [0, P) of a group over kk in [k0, k1) (k0 even): [P][k1 - k0][16].
 template <class W>
 void convert_panels(bool simd, const typename W::T* group, int64_t k, int P, int64_t k0, int64_t k1,
                     float* out) {
@@ -170,13 +269,18 @@ void convert_panels(bool simd, const typename W::T* group, int64_t k, int P, int
     float* dst = out + p * kn * kPanel;
 #if defined(PAGELLM_KERNELS_AVX512)
     if (simd) {
-      for (int64_t i = 0; i < kn; ++i)
-        _mm512_storeu_ps(dst + i * kPanel, W::load(src + i * kPanel));
+      int64_t i = 0;
+      for (; i + 2 <= kn; i += 2) {
+        _mm512_storeu_ps(dst + i * kPanel, W::even(src + i * kPanel));
+        _mm512_storeu_ps(dst + (i + 1) * kPanel, W::odd(src + i * kPanel));
+      }
+      if (i < kn) _mm512_storeu_ps(dst + i * kPanel, W::load1(src + i * kPanel));
       continue;
     }
 #endif
-    for (int64_t i = 0; i < kn * kPanel; ++i)
-      dst[i] = W::scalar(src[i]);
+    for (int64_t i = 0; i < kn; ++i)
+      for (int l = 0; l < kPanel; ++l)
+        dst[i * kPanel + l] = W::scalar(src[packed_offset(W::kPaired, i, l, kn)]);
   }
 }
 
@@ -196,17 +300,68 @@ float* thread_scratch(int64_t floats) {
   return buf.get();
 }
 
+// Splits `count` into `parts` sizes that differ by at most one: size of part i.
+inline int64_t balanced(int64_t count, int64_t parts, int64_t i) {
+  return count / parts + (i < count % parts ? 1 : 0);
+}
+
+// Few rows: panels [pa, pb) streamed once from memory. Each tile of panels runs its row
+// tiles over one k-block at a time, so the block is read from memory by the first row
+// tile (with prefetch) and from L1 by the others.
+template <class W>
+void stream_panels(bool simd, const float* x, const typename W::T* packed, const float* bias,
+                   int64_t m, int64_t n, int64_t k, int64_t pa, int64_t pb, float* y) {
+  const int64_t count = pb - pa;
+  if (count <= 0) return;
+  const int width = m == 1 && simd ? kGemvPanels : kTilePanels;
+  const int64_t tiles = (count + width - 1) / width;
+  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
+  const int64_t kblock = row_tiles == 1 ? std::max<int64_t>(k, 1) : kStreamKBlock;
+  int64_t p0 = pa;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int P = static_cast<int>(balanced(count, tiles, i));
+    const int64_t col0 = p0 * kPanel;
+    const int ncols = static_cast<int>(std::min<int64_t>(P * kPanel, n - col0));
+    const typename W::T* group = packed + col0 * k;
+    const float* gbias = bias != nullptr ? bias + col0 : nullptr;
+    int64_t k0 = 0;
+    do {
+      const int64_t k1 = std::min(k, k0 + kblock);
+      int64_t r0 = 0;
+      for (int64_t t = 0; t < row_tiles; ++t) {
+        const int R = static_cast<int>(balanced(m, row_tiles, t));
+        const TileArgs<W> a{
+            x + r0 * k + k0, k,     group + k0 * kPanel, k * kPanel, k1 - k0, k0 == 0,
+            k1 == k,         gbias, y + r0 * n + col0,   n,          ncols};
+        run_tile(simd, P, R, t == 0, a);
+        r0 += R;
+      }
+      k0 = k1;
+    } while (k0 < k);
+    p0 += P;
+  }
+}
+
 template <class W>
 void matmul_typed(const float* x, const typename W::T* packed, const float* bias, int64_t m,
                   int64_t n, int64_t k, float* y) {
   const bool simd = detail::use_simd();
   const int64_t panels = (n + kPanel - 1) / kPanel;
+  if (m <= kStreamRows || k == 0) {
+    // Each thread owns a contiguous range of panels: one region of memory.
+#pragma omp parallel if (panels > 1)
+    {
+      const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+      const int64_t pa = panels * tid / nt, pb = panels * (tid + 1) / nt;
+      stream_panels<W>(simd, x, packed, bias, m, n, k, pa, pb, y);
+    }
+    return;
+  }
+
+  // Many rows: k-blocks of a group's panels are reused by every row tile of a chunk, so
+  // 16-bit weights are converted once per block into a float32 scratch.
   const int64_t groups = (panels + kTilePanels - 1) / kTilePanels;
-  // Up to one register tile of rows: stream the weights once, straight from the packing.
-  // More rows: k-blocks of the group's panels are reused by every row tile, so 16-bit
-  // weights are converted once per block into a float32 scratch.
-  const bool single_tile = m <= kTileRows || k == 0;
-  const int64_t row_chunks = single_tile ? 1 : (m + kRowChunk - 1) / kRowChunk;
+  const int64_t row_chunks = (m + kRowChunk - 1) / kRowChunk;
   const int64_t items = groups * row_chunks;
 
 #pragma omp parallel for schedule(static)
@@ -218,34 +373,13 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
     const int ncols = static_cast<int>(std::min<int64_t>(kTilePanels * kPanel, n - col0));
     const typename W::T* group = packed + col0 * k;
     const float* gbias = bias != nullptr ? bias + col0 : nullptr;
-
-    if (single_tile) {
-      const TileArgs<W> a{x, k, group, k * kPanel, k, true, true, gbias, y + col0, n, ncols};
-      run_tile(simd, P, static_cast<int>(m), a);
-      continue;
-    }
     const int64_t r_begin = chunk * kRowChunk;
-    const int64_t r_end = std::min(m, r_begin + kRowChunk);
-    const int64_t rows = r_end - r_begin;
+    const int64_t rows = std::min(m, r_begin + kRowChunk) - r_begin;
     const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-    float* scratch = std::is_same_v<W, F32W> || m <= kInlineRows
-                         ? nullptr
-                         : thread_scratch(kTilePanels * kKBlock * kPanel);
+    float* scratch =
+        std::is_same_v<W, F32W> ? nullptr : thread_scratch(kTilePanels * kKBlock * kPanel);
     for (int64_t k0 = 0; k0 < k; k0 += kKBlock) {
       const int64_t k1 = std::min(k, k0 + kKBlock);
-      if (scratch == nullptr && !std::is_same_v<W, F32W>) {
-        // Few row tiles: convert in the tiles; the block stays in L1 between them.
-        int64_t r0 = r_begin;
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int R = static_cast<int>(rows / tiles + (t < rows % tiles ? 1 : 0));
-          const TileArgs<W> a{
-              x + r0 * k + k0, k,     group + k0 * kPanel, k * kPanel, k1 - k0, k0 == 0,
-              k1 == k,         gbias, y + r0 * n + col0,   n,          ncols};
-          run_tile(simd, P, R, a);
-          r0 += R;
-        }
-        continue;
-      }
       const float* wblock;
       int64_t ws;
       if constexpr (std::is_same_v<W, F32W>) {
@@ -259,10 +393,10 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
       // Balanced row tiles (all of 1..6 rows) so that no tile is left nearly empty.
       int64_t r0 = r_begin;
       for (int64_t t = 0; t < tiles; ++t) {
-        const int R = static_cast<int>(rows / tiles + (t < rows % tiles ? 1 : 0));
+        const int R = static_cast<int>(balanced(rows, tiles, t));
         const TileArgs<F32W> a{x + r0 * k + k0,   k, wblock, ws, k1 - k0, k0 == 0, k1 == k, gbias,
                                y + r0 * n + col0, n, ncols};
-        run_tile(simd, P, R, a);
+        run_tile(simd, P, R, false, a);
         r0 += R;
       }
     }
@@ -280,21 +414,30 @@ PackedWeight::PackedWeight(const void* w, DType dtype, int64_t n, int64_t k)
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int64_t esize = dtype_size(dtype);
   bytes_ = panels * kPanel * k * esize;
-  const int64_t alloc = std::max<int64_t>(64, (bytes_ + 63) / 64 * 64);
-  data_.reset(std::aligned_alloc(64, alloc));
+  // Large weights on 2 MiB pages where the system allows it: streaming them then needs
+  // far fewer TLB walks. From 1 MiB on, the rounding up costs less than half the size.
+  constexpr int64_t kHuge = int64_t(2) << 20;
+  const int64_t align = bytes_ >= kHuge / 2 ? kHuge : 64;
+  const int64_t alloc = std::max<int64_t>(64, (bytes_ + align - 1) / align * align);
+  data_.reset(std::aligned_alloc(align, alloc));
   if (!data_) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (align == kHuge) madvise(data_.get(), alloc, MADV_HUGEPAGE);
+#endif
+  const bool paired = dtype == DType::kBF16;
   auto* dst = static_cast<unsigned char*>(data_.get());
   const auto* src = static_cast<const unsigned char*>(w);
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < panels; ++p) {
+    unsigned char* panel = dst + p * k * kPanel * esize;
     for (int64_t kk = 0; kk < k; ++kk) {
-      unsigned char* out = dst + ((p * k + kk) * kPanel) * esize;
       for (int l = 0; l < kPanel; ++l) {
+        unsigned char* out = panel + packed_offset(paired, kk, l, k) * esize;
         const int64_t j = p * kPanel + l;
         if (j < n)
-          std::memcpy(out + l * esize, src + (j * k + kk) * esize, esize);
+          std::memcpy(out, src + (j * k + kk) * esize, esize);
         else
-          std::memset(out + l * esize, 0, esize);
+          std::memset(out, 0, esize);
       }
     }
   }

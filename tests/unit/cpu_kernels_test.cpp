@@ -62,7 +62,7 @@ std::vector<float> run_matmul(const MatmulData& d, const MatmulCase& c, int64_t 
 TEST(CpuMatmul, PackedEqualsReferenceBitForBit) {
   std::vector<MatmulCase> cases;
   for (DType t : kAllTypes)
-    for (int64_t m : {1, 2, 5, 6, 7, 8, 13, 16, 32, 37, 100})
+    for (int64_t m : {1, 2, 5, 6, 7, 8, 13, 16, 31, 32, 33, 37, 100})
       for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1},
                           {15, 7},
                           {16, 64},
@@ -350,6 +350,27 @@ TEST(CpuSiluMul, MatchesExactAndPortablePath) {
     std::vector<float> outp = poisoned(rows * dim);
     silu_mul(g.data(), u.data(), rows, dim, outp.data());
     EXPECT_BITWISE_EQ(outp.data(), out.data(), rows * dim, "portable");
+  }
+}
+
+TEST(CpuSiluMul, FusedGateUpEqualsSeparateHalves) {
+  for (int64_t dim : {1, 17, 2048, 3001}) {
+    for (int64_t rows : {1, 5}) {
+      const std::vector<float> gu = random_floats(rows * 2 * dim, 3, 4.0f);
+      std::vector<float> g(rows * dim), u(rows * dim);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(gu.begin() + r * 2 * dim, dim, g.begin() + r * dim);
+        std::copy_n(gu.begin() + r * 2 * dim + dim, dim, u.begin() + r * dim);
+      }
+      std::vector<float> ref = poisoned(rows * dim), out = poisoned(rows * dim);
+      silu_mul(g.data(), u.data(), rows, dim, ref.data());
+      silu_mul_fused(gu.data(), rows, dim, out.data());
+      EXPECT_BITWISE_EQ(out.data(), ref.data(), rows * dim, "fused");
+      ScopedPortable portable(true);
+      std::vector<float> outp = poisoned(rows * dim);
+      silu_mul_fused(gu.data(), rows, dim, outp.data());
+      EXPECT_BITWISE_EQ(outp.data(), ref.data(), rows * dim, "fused portable");
+    }
   }
 }
 
