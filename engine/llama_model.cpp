@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 
 namespace pagellm::engine {
 namespace cpu = kernels::cpu;
@@ -10,6 +12,25 @@ namespace {
 
 cpu::PackedWeight pack(const TensorView& t) {
   return cpu::PackedWeight(t.data, t.dtype, t.shape[0], t.shape[1]);
+}
+
+// One packed weight whose outputs are those of `parts` in order: a single pass over the
+// weights for projections that read the same input. Each output's sum is unchanged.
+cpu::PackedWeight pack_concat(std::initializer_list<const TensorView*> parts) {
+  const TensorView& first = **parts.begin();
+  const int64_t k = first.shape[1];
+  const int64_t esize = kernels::dtype_size(first.dtype);
+  int64_t n = 0;
+  for (const TensorView* t : parts)
+    n += t->shape[0];
+  std::vector<unsigned char> rows(static_cast<size_t>(n * k * esize));
+  int64_t offset = 0;
+  for (const TensorView* t : parts) {
+    const int64_t bytes = t->shape[0] * k * esize;
+    std::memcpy(rows.data() + offset, t->data, static_cast<size_t>(bytes));
+    offset += bytes;
+  }
+  return cpu::PackedWeight(rows.data(), first.dtype, n, k);
 }
 
 std::vector<float> to_f32(const std::optional<TensorView>& t) {
@@ -52,21 +73,43 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::filesystem::path& model_
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& src = w.layers[i];
     Layer& dst = model->layers_[i];
-    dst.q = pack(src.q_proj);
-    dst.k = pack(src.k_proj);
-    dst.v = pack(src.v_proj);
+    // q, k and v read the same input, and so do gate and up: each pair or triple is one
+    // matmul. Biases are fused only when all three projections have one (adding a zero
+    // bias would turn a -0 sum into +0).
+    const bool same_type =
+        src.q_proj.dtype == src.k_proj.dtype && src.q_proj.dtype == src.v_proj.dtype;
+    const bool all_bias = src.q_bias && src.k_bias && src.v_bias;
+    const bool no_bias = !src.q_bias && !src.k_bias && !src.v_bias;
+    if (same_type && (all_bias || no_bias)) {
+      dst.qkv = pack_concat({&src.q_proj, &src.k_proj, &src.v_proj});
+      if (all_bias) {
+        for (const auto* b : {&src.q_bias, &src.k_bias, &src.v_bias}) {
+          const std::vector<float> part = to_f32(*b);
+          dst.qkv_bias.insert(dst.qkv_bias.end(), part.begin(), part.end());
+        }
+      }
+    } else {
+      dst.q = pack(src.q_proj);
+      dst.k = pack(src.k_proj);
+      dst.v = pack(src.v_proj);
+      dst.q_bias = to_f32(src.q_bias);
+      dst.k_bias = to_f32(src.k_bias);
+      dst.v_bias = to_f32(src.v_bias);
+    }
     dst.o = pack(src.o_proj);
-    dst.gate = pack(src.gate_proj);
-    dst.up = pack(src.up_proj);
+    if (src.gate_proj.dtype == src.up_proj.dtype) {
+      dst.gate_up = pack_concat({&src.gate_proj, &src.up_proj});
+    } else {
+      dst.gate = pack(src.gate_proj);
+      dst.up = pack(src.up_proj);
+    }
     dst.down = pack(src.down_proj);
-    dst.q_bias = to_f32(src.q_bias);
-    dst.k_bias = to_f32(src.k_bias);
-    dst.v_bias = to_f32(src.v_bias);
     dst.input_norm = src.input_norm;
     dst.post_attention_norm = src.post_attention_norm;
     dst.q_norm = src.q_norm;
     dst.k_norm = src.k_norm;
-    for (const auto* p : {&dst.q, &dst.k, &dst.v, &dst.o, &dst.gate, &dst.up, &dst.down}) {
+    for (const auto* p :
+         {&dst.qkv, &dst.q, &dst.k, &dst.v, &dst.o, &dst.gate_up, &dst.gate, &dst.up, &dst.down}) {
       model->weight_bytes_ += p->n() * p->k() * kernels::dtype_size(p->dtype());
     }
   }
@@ -90,13 +133,16 @@ void LlamaModel::forward(const ForwardBatch& batch, KVCacheMemory& cache,
 
   hidden_.resize(T * H);
   normed_.resize(T * H);
-  q_.resize(T * nh * D);
-  k_.resize(T * nkv * D);
-  v_.resize(T * nkv * D);
+  const int64_t QD = nh * D, KD = nkv * D;
+  q_.resize(T * QD);
+  k_.resize(T * KD);
+  v_.resize(T * KD);
+  qkv_.resize(T * (QD + 2 * KD));
   attn_.resize(T * nh * D);
   proj_.resize(T * H);
   gate_.resize(T * I);
   up_.resize(T * I);
+  gate_up_.resize(T * 2 * I);
 
   const cpu::PagedAttentionBatch attention{
       batch.num_seqs(),          batch.query_start.data(), batch.context_lens.data(),
@@ -125,27 +171,51 @@ void LlamaModel::forward(const ForwardBatch& batch, KVCacheMemory& cache,
       cpu::add_rmsnorm(hidden_.data(), proj_.data(), layer.input_norm.data, layer.input_norm.dtype,
                        T, H, eps, normed_.data());
     }
-    cpu::matmul(normed_.data(), layer.q, bias_or_null(layer.q_bias), T, q_.data());
-    cpu::matmul(normed_.data(), layer.k, bias_or_null(layer.k_bias), T, k_.data());
-    cpu::matmul(normed_.data(), layer.v, bias_or_null(layer.v_bias), T, v_.data());
-    if (layer.q_norm) {
-      cpu::rmsnorm(q_.data(), layer.q_norm->data, layer.q_norm->dtype, T * nh, D, eps, q_.data());
-      cpu::rmsnorm(k_.data(), layer.k_norm->data, layer.k_norm->dtype, T * nkv, D, eps, k_.data());
-    }
-    cpu::rope(q_.data(), k_.data(), batch.positions.data(), T, nh, nkv, static_cast<int>(D),
-              inv_freq_.data());
-    cpu::write_kv(k_.data(), v_.data(), batch.slots.data(), T, kv);
-    if (decode_only) {
-      cpu::paged_attention_decode(q_.data(), kv, attention, nh, scale, attn_.data());
+    float* q = q_.data();
+    float* k = k_.data();
+    float* v = v_.data();
+    if (layer.qkv.n() > 0) {
+      const int64_t row = QD + 2 * KD;
+      cpu::matmul(normed_.data(), layer.qkv, bias_or_null(layer.qkv_bias), T, qkv_.data());
+      if (T == 1) {
+        q = qkv_.data();
+        k = q + QD;
+        v = k + KD;
+      } else {
+        for (int64_t t = 0; t < T; ++t) {
+          const float* r = qkv_.data() + t * row;
+          std::memcpy(q + t * QD, r, QD * sizeof(float));
+          std::memcpy(k + t * KD, r + QD, KD * sizeof(float));
+          std::memcpy(v + t * KD, r + QD + KD, KD * sizeof(float));
+        }
+      }
     } else {
-      cpu::paged_attention(q_.data(), kv, attention, nh, scale, attn_.data());
+      cpu::matmul(normed_.data(), layer.q, bias_or_null(layer.q_bias), T, q);
+      cpu::matmul(normed_.data(), layer.k, bias_or_null(layer.k_bias), T, k);
+      cpu::matmul(normed_.data(), layer.v, bias_or_null(layer.v_bias), T, v);
+    }
+    if (layer.q_norm) {
+      cpu::rmsnorm(q, layer.q_norm->data, layer.q_norm->dtype, T * nh, D, eps, q);
+      cpu::rmsnorm(k, layer.k_norm->data, layer.k_norm->dtype, T * nkv, D, eps, k);
+    }
+    cpu::rope(q, k, batch.positions.data(), T, nh, nkv, static_cast<int>(D), inv_freq_.data());
+    cpu::write_kv(k, v, batch.slots.data(), T, kv);
+    if (decode_only) {
+      cpu::paged_attention_decode(q, kv, attention, nh, scale, attn_.data());
+    } else {
+      cpu::paged_attention(q, kv, attention, nh, scale, attn_.data());
     }
     cpu::matmul(attn_.data(), layer.o, nullptr, T, proj_.data());
     cpu::add_rmsnorm(hidden_.data(), proj_.data(), layer.post_attention_norm.data,
                      layer.post_attention_norm.dtype, T, H, eps, normed_.data());
-    cpu::matmul(normed_.data(), layer.gate, nullptr, T, gate_.data());
-    cpu::matmul(normed_.data(), layer.up, nullptr, T, up_.data());
-    cpu::silu_mul(gate_.data(), up_.data(), T, I, gate_.data());
+    if (layer.gate_up.n() > 0) {
+      cpu::matmul(normed_.data(), layer.gate_up, nullptr, T, gate_up_.data());
+      cpu::silu_mul_fused(gate_up_.data(), T, I, gate_.data());
+    } else {
+      cpu::matmul(normed_.data(), layer.gate, nullptr, T, gate_.data());
+      cpu::matmul(normed_.data(), layer.up, nullptr, T, up_.data());
+      cpu::silu_mul(gate_.data(), up_.data(), T, I, gate_.data());
+    }
     cpu::matmul(gate_.data(), layer.down, nullptr, T, proj_.data());
   }
 

@@ -48,8 +48,11 @@ class LlamaModel {
 
  private:
   struct Layer {
+    // qkv (q|k|v outputs) and gate_up (gate|up) when the parts can be fused; otherwise
+    // (n() == 0) the separate weights.
+    kernels::cpu::PackedWeight qkv, gate_up;
     kernels::cpu::PackedWeight q, k, v, o, gate, up, down;
-    std::vector<float> q_bias, k_bias, v_bias;  // empty without attention bias
+    std::vector<float> qkv_bias, q_bias, k_bias, v_bias;  // empty without attention bias
     TensorView input_norm, post_attention_norm;
     std::optional<TensorView> q_norm, k_norm;
   };
@@ -65,7 +68,7 @@ class LlamaModel {
   int64_t weight_bytes_ = 0;
 
   // Activations, reused across steps.
-  std::vector<float> hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, rows_;
+  std::vector<float> hidden_, normed_, q_, k_, v_, qkv_, attn_, proj_, gate_, up_, gate_up_, rows_;
 };
 
 }  // namespace pagellm::engine
