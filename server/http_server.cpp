@@ -13,6 +13,7 @@
 #include "engine/chat_template.h"
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
+#include "server/dashboard.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 
@@ -229,6 +230,10 @@ struct HttpServer::Impl {
     http.Get("/metrics", wrap(false, "req-", [this](auto&, auto& res, auto&) {
                res.set_content(render_metrics(engine.stats(), metrics, options.served_model_name),
                                "text/plain; version=0.0.4");
+             }));
+    // The page holds no data; it asks /v1/stats, with the key when one is set.
+    http.Get("/dashboard", wrap(false, "req-", [](auto&, auto& res, auto&) {
+               res.set_content(dashboard_html(), "text/html; charset=utf-8");
              }));
     http.Get("/v1/stats", wrap(true, "req-", [this](auto&, auto& res, auto&) {
                res.set_content(stats_json(engine.stats()), kJson);

@@ -269,6 +269,11 @@ TEST_F(Server, HealthModelsAndMetrics) {
   EXPECT_EQ(stats->status, 200);
   EXPECT_EQ(json::parse(stats->body)["kv_cache"]["total_blocks"], 64) << stats->body;
 
+  auto dashboard = server_->client(false).Get("/dashboard");
+  ASSERT_TRUE(dashboard);
+  EXPECT_EQ(dashboard->status, 200);
+  EXPECT_NE(dashboard->body.find("/v1/stats"), std::string::npos);
+
   auto metrics = client_->Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);
