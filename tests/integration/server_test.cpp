@@ -56,13 +56,13 @@ const std::filesystem::path& tiny_model() {
 // leaves nothing running.
 class ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& extra) {
+  explicit ServerProcess(const std::vector<std::string>& extra,
+                         const std::filesystem::path& model = tiny_model()) {
     log_ = std::filesystem::temp_directory_path() /
            ("pagellm_server_test_" + std::to_string(getpid()) + "_" + std::to_string(++count_) +
             ".log");
-    std::vector<std::string> args = {PAGELLM_BINARY,        "serve",  "--model",
-                                     tiny_model().string(), "--port", "0",
-                                     "--num-kv-blocks",     "64"};
+    std::vector<std::string> args = {PAGELLM_BINARY, "serve", "--model",         model.string(),
+                                     "--port",       "0",     "--num-kv-blocks", "64"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -305,6 +305,9 @@ TEST_F(Server, ChatStreamingAndWholeGiveTheSameGreedyText) {
   EXPECT_EQ(whole["object"], "chat.completion");
   EXPECT_EQ(whole["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
   EXPECT_EQ(whole["model"], "tiny");
+  auto raw = client_->Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(raw);
+  EXPECT_EQ(raw->get_header_value("X-Request-Id"), json::parse(raw->body)["id"]);
   EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
   const json& usage = whole["usage"];
@@ -562,6 +565,38 @@ TEST_F(Server, ClientThatTimesOutOnAWholeResponseAbortsItsRequest) {
   }
   EXPECT_EQ(used, 0);
   EXPECT_EQ(aborted, aborted_before + 1);
+}
+
+TEST(ServerProcess, ModelWithoutChatTemplateAndTemplateFromAFile) {
+  // A copy of the tiny model whose tokenizer_config.json has no chat template.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("pagellm_server_test_plain_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(tiny_model(), dir);
+  json config = json::parse(read_file(dir / "tokenizer_config.json"));
+  config.erase("chat_template");
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  const auto template_file = dir / "plain.jinja";
+  std::ofstream(template_file) << "{% for m in messages %}{{ m.content }}|{% endfor %}";
+  {
+    ServerProcess server({}, dir);
+    ASSERT_GT(server.port(), 0) << server.log();
+    httplib::Client client = server.client(false);
+    const json error = expect_error(client, "/v1/chat/completions", chat("hi").dump(), 400);
+    EXPECT_NE(error["message"].get<std::string>().find("chat template"), std::string::npos);
+    post_json(client, "/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}});
+  }
+  {
+    ServerProcess server({"--chat-template", template_file.string()}, dir);
+    ASSERT_GT(server.port(), 0) << server.log();
+    httplib::Client client = server.client(false);
+    const json rendered = post_json(client, "/tokenize", chat("hi"));
+    const json plain =
+        post_json(client, "/tokenize", {{"prompt", "hi|"}, {"add_special_tokens", false}});
+    EXPECT_EQ(rendered["tokens"], plain["tokens"]);
+    post_json(client, "/v1/chat/completions", chat("hi", {{"max_tokens", 2}}));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
