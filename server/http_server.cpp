@@ -461,8 +461,13 @@ struct HttpServer::Impl {
                                             (f.usage.completion_tokens - 1));
     }
     if (!f.error.empty()) {
-      spdlog::error("{}: request failed in the engine: {}", log->id, f.error);
-      return error_for_status(500, "the request failed inside the engine");
+      // The engine's own failures stay in the log; a refusal at admission (the
+      // scheduler's message, written for clients) is passed on.
+      if (f.error.rfind("internal error", 0) == 0) {
+        spdlog::error("{}: request failed in the engine: {}", log->id, f.error);
+        return error_for_status(500, "the request failed inside the engine");
+      }
+      return error_for_status(503, f.error);
     }
     if (f.finish_reason == FinishReason::kAbort) {
       ++metrics.requests_abort;

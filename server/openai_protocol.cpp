@@ -385,6 +385,11 @@ CompletionRequest parse_completion_request(const std::string& body_text) {
   CompletionRequest r;
   r.prompts = parse_prompts(body);
   parse_common(body, r);
+  if (!r.max_tokens_set) {
+    // OpenAI's default for text completions; chat takes the rest of the context.
+    r.params.max_tokens = 16;
+    r.max_tokens_set = true;
+  }
   if (auto v = int_field(body, "logprobs", 0, kMaxTopLogprobs)) {
     r.params.logprobs = true;
     r.params.top_logprobs = static_cast<int32_t>(*v);

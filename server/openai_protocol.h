@@ -58,7 +58,7 @@ struct CompletionRequest {
   // Completions: one or more prompts.
   std::vector<PromptInput> prompts;
   scheduler::SamplingParams params;
-  bool max_tokens_set = false;  // unset: the rest of the context window
+  bool max_tokens_set = false;  // unset (chat): the rest of the context window
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;

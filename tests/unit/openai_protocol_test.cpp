@@ -151,6 +151,7 @@ TEST(OpenAIProtocol, ParsesEveryPromptShape) {
   EXPECT_EQ(completion_error(R"({"prompt": 5})").param, "prompt");
   EXPECT_EQ(completion_error(R"({"prompt": [1, -2]})").param, "prompt");
   EXPECT_EQ(completion_error(R"({"prompt": "x", "logprobs": 21})").param, "logprobs");
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "x"})").params.max_tokens, 16);
   const CompletionRequest r = parse_completion_request(R"({"prompt": "x", "logprobs": 3})");
   EXPECT_TRUE(r.params.logprobs);
   EXPECT_EQ(r.params.top_logprobs, 3);
