@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -49,7 +50,8 @@ constexpr const char* kUsage =
     "  --max-model-len N           context window (default: the model's)\n"
     "  --max-waiting N             queued requests before 429 (default 4096)\n"
     "  --api-key KEY               require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'\n"
-    "                              (/health and /metrics stay open)\n"
+    "                              (default: $PAGELLM_API_KEY; /health, /metrics and\n"
+    "                              /dashboard stay open)\n"
     "  --served-model-name NAME    the model id clients use (default: the folder name)\n"
     "  --chat-template FILE        Jinja chat template instead of the model's own\n"
     "  --log-level LEVEL           trace, debug, info (default), warn, error\n"
@@ -175,7 +177,11 @@ ServeOptions parse_options(const ArgReader& reader) {
   if (auto v = get("--max-waiting")) {
     o.max_waiting = static_cast<int32_t>(parse_int("--max-waiting", *v, 0, kInt32Max));
   }
-  if (auto v = get("--api-key")) o.api_key = *v;
+  if (auto v = get("--api-key")) {
+    o.api_key = *v;
+  } else if (const char* env = std::getenv("PAGELLM_API_KEY"); env != nullptr) {
+    o.api_key = env;  // keeps the key out of the process list
+  }
   if (auto v = get("--served-model-name")) o.served_model_name = *v;
   if (auto v = get("--chat-template")) o.chat_template = *v;
   if (auto v = get("--log-level")) o.log_level = *v;
@@ -308,6 +314,9 @@ int run_serve(Args args) {
     http_options.threads = std::max(128, o.max_num_seqs + 64);
     http = std::make_unique<server::HttpServer>(*engine, tokenizer, http_options);
     port = http->bind();
+    if (o.api_key.empty() && o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1") {
+      spdlog::warn("listening on {} without --api-key: anyone who can reach it can use it", o.host);
+    }
     spdlog::info("serving '{}'", http_options.served_model_name);
     // On stdout whatever the log level: scripts and tests read the bound port here.
     std::printf("pagellm: listening on http://%s:%d\n", o.host.c_str(), port);

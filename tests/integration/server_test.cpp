@@ -67,6 +67,7 @@ class ServerProcess {
     pid_ = fork();
     if (pid_ == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+      unsetenv("PAGELLM_API_KEY");       // keys come from the arguments only
       const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
