@@ -327,8 +327,9 @@ int run_serve(Args args) {
   }
 
   std::atomic<bool> stopped{false};
+  std::atomic<bool> served{true};
   std::thread listener([&] {
-    http->serve();
+    served = http->serve();
     stopped = true;
   });
   wait_for_signal(stopped, std::chrono::hours(24 * 365 * 100));
@@ -342,6 +343,10 @@ int run_serve(Args args) {
   }
   engine->stop();  // aborts what is left, so that their handlers return
   listener.join();
+  if (!served) {
+    spdlog::error("pagellm serve: the server stopped listening unexpectedly");
+    return 1;
+  }
   spdlog::info("stopped");
   return 0;
 }

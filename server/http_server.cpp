@@ -531,8 +531,15 @@ struct HttpServer::Impl {
           // The whole stream is written in this one call: httplib stops calling a
           // provider once the server is stopping, and a graceful shutdown must let
           // streams in flight finish.
-          if (!write_stream(r, meta, *state, socket, sink, log)) {
-            client_gone(*state, log);
+          // Exceptions here would escape httplib's handler guard and end the process.
+          try {
+            if (!write_stream(r, meta, *state, socket, sink, log)) {
+              client_gone(*state, log);
+              return false;
+            }
+          } catch (const std::exception& e) {
+            spdlog::error("{}: stream failed: {}", log->id, e.what());
+            abort_all(*state);
             return false;
           }
           sink.done();
@@ -632,8 +639,8 @@ int HttpServer::bind() {
   return port;
 }
 
-void HttpServer::serve() {
-  impl_->http.listen_after_bind();
+bool HttpServer::serve() {
+  return impl_->http.listen_after_bind() || impl_->draining;
 }
 
 void HttpServer::shutdown() {

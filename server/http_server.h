@@ -40,7 +40,8 @@ class HttpServer {
   // Binds the listening socket and returns the port. Throws std::runtime_error.
   int bind();
   // Serves until shutdown(); returns once every in-flight request has been answered.
-  void serve();
+  // False when the server could not serve at all.
+  bool serve();
   // From any thread: stop accepting, refuse new generations with 503 and let the
   // requests in flight finish. serve() returns when they have.
   void shutdown();
