@@ -171,6 +171,16 @@ struct HttpServer::Impl {
 
   int32_t max_model_len() const { return engine.config().scheduler.max_model_len; }
 
+  ModelInfo model_info() const {
+    ModelInfo info;
+    info.id = options.served_model_name;
+    info.created = created;
+    info.max_model_len = max_model_len();
+    info.kv_cache_blocks = engine.kv_plan().num_blocks;
+    info.kv_cache_tokens = engine.kv_plan().capacity_tokens;
+    return info;
+  }
+
   void send_error(httplib::Response& res, const ApiError& error) {
     res.status = error.status;
     res.set_content(error_body(error), kJson);
@@ -239,13 +249,16 @@ struct HttpServer::Impl {
                res.set_content(stats_json(engine.stats()), kJson);
              }));
     http.Get("/v1/models", wrap(true, "req-", [this](auto&, auto& res, auto&) {
-               ModelInfo info;
-               info.id = options.served_model_name;
-               info.created = created;
-               info.max_model_len = max_model_len();
-               info.kv_cache_blocks = engine.kv_plan().num_blocks;
-               info.kv_cache_tokens = engine.kv_plan().capacity_tokens;
-               res.set_content(models_response(info), kJson);
+               res.set_content(models_response(model_info()), kJson);
+             }));
+    http.Get(R"(/v1/models/(.+))", wrap(true, "req-", [this](auto& req, auto& res, auto&) {
+               if (req.matches[1] != options.served_model_name) {
+                 ApiError e = error_for_status(
+                     404, "the model '" + std::string(req.matches[1]) + "' does not exist");
+                 e.code = "model_not_found";
+                 throw ApiException(e);
+               }
+               res.set_content(model_response(model_info()), kJson);
              }));
     http.Post("/tokenize", wrap(true, "req-", [this](auto& req, auto& res, auto&) {
                 const TokenizeRequest r = parse_tokenize_request(req.body);

@@ -501,7 +501,8 @@ std::string detokenize_response(const std::string& prompt) {
   return dump({{"prompt", prompt}});
 }
 
-std::string models_response(const ModelInfo& model) {
+namespace {
+ordered_json model_json(const ModelInfo& model) {
   ordered_json m;
   m["id"] = model.id;
   m["object"] = "model";
@@ -511,10 +512,19 @@ std::string models_response(const ModelInfo& model) {
   m["max_model_len"] = model.max_model_len;
   m["kv_cache_blocks"] = model.kv_cache_blocks;
   m["kv_cache_tokens"] = model.kv_cache_tokens;
+  return m;
+}
+}  // namespace
+
+std::string models_response(const ModelInfo& model) {
   ordered_json out;
   out["object"] = "list";
-  out["data"] = ordered_json::array({std::move(m)});
+  out["data"] = ordered_json::array({model_json(model)});
   return dump(out);
+}
+
+std::string model_response(const ModelInfo& model) {
+  return dump(model_json(model));
 }
 
 }  // namespace pagellm::server

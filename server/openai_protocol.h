@@ -140,6 +140,7 @@ struct ModelInfo {
   int64_t kv_cache_blocks = 0;
   int64_t kv_cache_tokens = 0;
 };
-std::string models_response(const ModelInfo& model);
+std::string models_response(const ModelInfo& model);  // the list
+std::string model_response(const ModelInfo& model);   // one, for /v1/models/{id}
 
 }  // namespace pagellm::server

@@ -265,6 +265,12 @@ TEST_F(Server, HealthModelsAndMetrics) {
   EXPECT_EQ(m["data"][0]["max_model_len"], 2048);
   EXPECT_EQ(m["data"][0]["kv_cache_blocks"], 64);
 
+  auto one = client_->Get("/v1/models/tiny");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(json::parse(one->body)["id"], "tiny");
+  EXPECT_EQ(client_->Get("/v1/models/other")->status, 404);
+
   auto stats = client_->Get("/v1/stats");
   ASSERT_TRUE(stats);
   EXPECT_EQ(stats->status, 200);
