@@ -137,7 +137,6 @@ struct Choice {
   int32_t index = 0;
   int32_t prompt_index = 0;
   std::shared_ptr<engine::RequestStream> stream;
-  bool started = false;  // role chunk sent
   bool done = false;
   engine::GenerationChunk final;  // the finished chunk (usage, reason, times)
 };
@@ -574,7 +573,6 @@ struct HttpServer::Impl {
         ChoiceResult role;
         role.index = c.index;
         if (!send_event(sink, stream_chunk(true, meta, role, true))) return false;
-        c.started = true;
       }
     }
     std::optional<ApiError> failure;
