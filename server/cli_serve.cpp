@@ -299,6 +299,13 @@ int run_serve(Args args) {
     spdlog::info("max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
                  engine->config().scheduler.max_model_len, o.max_num_seqs,
                  o.max_num_batched_tokens);
+    if (engine->kv_plan().capacity_tokens < engine->config().scheduler.max_model_len &&
+        engine->model_config().sliding_window <= 0) {
+      spdlog::warn(
+          "the KV pool holds {} tokens, less than one full context of {}: longer "
+          "requests are refused",
+          engine->kv_plan().capacity_tokens, engine->config().scheduler.max_model_len);
+    }
 
     server::HttpServerOptions http_options;
     http_options.host = o.host;

@@ -170,6 +170,16 @@ struct HttpServer::Impl {
 
   int32_t max_model_len() const { return engine.config().scheduler.max_model_len; }
 
+  // Where a request without max_tokens stops: the context window, or the whole KV pool
+  // when that is smaller (a sliding window needs only a window's worth of blocks).
+  int32_t default_length_limit() const {
+    const int64_t pool_tokens = engine.kv_plan().num_blocks * 16;
+    if (engine.model_config().sliding_window > 0 || pool_tokens >= max_model_len()) {
+      return max_model_len();
+    }
+    return static_cast<int32_t>(pool_tokens);
+  }
+
   ModelInfo model_info() const {
     ModelInfo info;
     info.id = options.served_model_name;
@@ -388,7 +398,7 @@ struct HttpServer::Impl {
           // Unset: as much as the context window leaves (at least 1, so that an
           // over-long prompt gets the engine's message with both numbers).
           g.params.max_tokens =
-              std::max<int32_t>(1, max_model_len() - static_cast<int32_t>(g.prompt.size()));
+              std::max<int32_t>(1, default_length_limit() - static_cast<int32_t>(g.prompt.size()));
         }
         g.priority = r.priority;
         g.skip_special_tokens = r.skip_special_tokens;

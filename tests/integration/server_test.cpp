@@ -413,6 +413,13 @@ TEST_F(Server, ConcurrentRequestsGetTheTextTheyGetAlone) {
     EXPECT_EQ(t, alone);
 }
 
+TEST_F(Server, ChatWithoutMaxTokensFitsInASmallPool) {
+  // The context is 2048 tokens but the pool only 1024: the default length follows the pool.
+  const json r = post_json(*client_, "/v1/chat/completions", chat("hi", {{"ignore_eos", true}}));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["total_tokens"], 1024);
+}
+
 TEST_F(Server, StopStringsEndTheText) {
   const json body = {
       {"prompt", "The"}, {"max_tokens", 30}, {"temperature", 0}, {"ignore_eos", true}};
