@@ -49,6 +49,8 @@ constexpr const char* kUsage =
     "  --max-num-batched-tokens N  tokens in one forward pass (default 2048)\n"
     "  --max-model-len N           context window (default: the model's)\n"
     "  --max-waiting N             queued requests before 429 (default 4096)\n"
+    "  --scheduling-policy P       fcfs (default: first come, first served) or priority\n"
+    "                              (requests' 'priority' field, lower first)\n"
     "  --api-key KEY               require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'\n"
     "                              (default: $PAGELLM_API_KEY; /health, /metrics and\n"
     "                              /dashboard stay open)\n"
@@ -69,6 +71,7 @@ const std::vector<std::string> kOptions = {"--model",
                                            "--max-num-batched-tokens",
                                            "--max-model-len",
                                            "--max-waiting",
+                                           "--scheduling-policy",
                                            "--api-key",
                                            "--served-model-name",
                                            "--chat-template",
@@ -86,6 +89,7 @@ struct ServeOptions {
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 0;
   int32_t max_waiting = 4096;
+  std::string scheduling_policy = "fcfs";
   std::string api_key;
   std::string served_model_name;
   std::string chat_template;
@@ -176,6 +180,12 @@ ServeOptions parse_options(const ArgReader& reader) {
   }
   if (auto v = get("--max-waiting")) {
     o.max_waiting = static_cast<int32_t>(parse_int("--max-waiting", *v, 0, kInt32Max));
+  }
+  if (auto v = get("--scheduling-policy")) {
+    if (*v != "fcfs" && *v != "priority") {
+      throw UsageError("--scheduling-policy must be fcfs or priority, not '" + *v + "'");
+    }
+    o.scheduling_policy = *v;
   }
   if (auto v = get("--api-key")) {
     o.api_key = *v;
@@ -280,6 +290,9 @@ int run_serve(Args args) {
     config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
     config.scheduler.max_model_len = o.max_model_len;
     config.scheduler.max_waiting = o.max_waiting;
+    config.scheduler.policy = o.scheduling_policy == "priority"
+                                  ? scheduler::SchedulingPolicy::kPriority
+                                  : scheduler::SchedulingPolicy::kFcfs;
     const engine::ModelConfig& mc = model->config();
     if (o.max_model_len > mc.max_position_embeddings) {
       throw std::runtime_error("--max-model-len " + std::to_string(o.max_model_len) +

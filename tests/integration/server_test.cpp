@@ -557,6 +557,19 @@ TEST(ServerProcess, ConfigFileSetsOptionsAndFlagsOverrideIt) {
   EXPECT_EQ(server.log().find("GET /v1/models"), std::string::npos) << server.log();
 }
 
+TEST(ServerProcess, PrioritySchedulingServesRequestsWithPriorities) {
+  ServerProcess server({"--scheduling-policy", "priority"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client(false);
+  for (int priority : {5, -3}) {
+    const json body = {{"prompt", "Hello"}, {"max_tokens", 3}, {"priority", priority}};
+    auto res = client.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 3);
+  }
+}
+
 TEST_F(Server, ClientThatTimesOutOnAWholeResponseAbortsItsRequest) {
   const std::string aborted_metric =
       "pagellm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"}";
@@ -685,14 +698,16 @@ TEST(ServeCli, HelpListsTheOptionsAndCudaIsRefused) {
   ASSERT_EQ(std::system(command.c_str()), 0);
   const std::string help = read_file(out);
   std::filesystem::remove(out);
-  for (const char* flag : {"--model", "--config", "--host", "--port", "--num-kv-blocks",
-                           "--kv-cache-bytes", "--max-num-seqs", "--max-num-batched-tokens",
-                           "--max-model-len", "--max-waiting", "--api-key", "--served-model-name",
-                           "--chat-template", "--log-level", "--shutdown-timeout", "--backend"}) {
+  for (const char* flag :
+       {"--model", "--config", "--host", "--port", "--num-kv-blocks", "--kv-cache-bytes",
+        "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--max-waiting",
+        "--api-key", "--served-model-name", "--chat-template", "--log-level", "--shutdown-timeout",
+        "--backend", "--scheduling-policy"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
-  for (const char* args : {"--backend cuda", "--port x", "--config /nonexistent.json",
-                           "--num-kv-blocks 4 --kv-cache-bytes 100000"}) {
+  for (const char* args :
+       {"--backend cuda", "--port x", "--config /nonexistent.json",
+        "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo"}) {
     const std::string bad = std::string("'") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
     const int status = std::system(bad.c_str());
     EXPECT_EQ(WEXITSTATUS(status), 2) << args;
