@@ -30,7 +30,7 @@ constexpr Subcommand kSubcommands[] = {
     {"bench",
      "bench  --url URL [--concurrency N] [--num-requests N] [--request-rate R]\n"
      "               [--input-len L] [--output-len L] [--shared-prefix-len P] [--json FILE]",
-     nullptr},
+     run_bench},
 };
 
 void print_usage(std::FILE* out) {

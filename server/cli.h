@@ -15,5 +15,6 @@ int run_tokenize(Args args);
 int run_render_chat(Args args);
 int run_demo_model(Args args);
 int run_serve(Args args);
+int run_bench(Args args);  // linked into the executable from bench/, not this library
 
 }  // namespace pagellm::cli
