@@ -468,11 +468,12 @@ std::vector<RequestResult> drive(const Target& target, const BenchOptions& o,
 }  // namespace
 
 BenchReport run_benchmark(const BenchOptions& o) {
+  // Bad options fail before the server is asked anything.
   const Target target = parse_url(o.url);
+  const std::vector<BenchRequest> requests = build_requests(o.workload);
   httplib::Client control = make_client(target, o);
   const std::string model = o.model.empty() ? first_model(control, target) : o.model;
 
-  const std::vector<BenchRequest> requests = build_requests(o.workload);
   const int limit = o.concurrency > 0 ? o.concurrency : 1024;
   const int workers = std::max(1, std::min<int>(limit, static_cast<int>(requests.size())));
 
@@ -514,7 +515,8 @@ BenchReport run_benchmark(const BenchOptions& o) {
                       std::chrono::duration<double>(now - t0).count(), kv);
         last_line = now;
       }
-      for (int i = 0; i < 10 && !finished.load(); ++i)
+      // Usage is sampled, so a short peak between two polls goes unseen.
+      for (int i = 0; i < 4 && !finished.load(); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
   });

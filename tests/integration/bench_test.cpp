@@ -1,0 +1,148 @@
+// `pagellm bench` end to end: the real binary against the real `pagellm serve` with the
+// tiny demo model, checked through the JSON report.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "support/server_process.h"
+
+namespace pagellm {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+struct BenchRun {
+  int exit_code = -1;
+  std::string output;
+  json report;
+};
+
+BenchRun run_bench(const test::ServerProcess& server, const std::string& flags) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("pagellm_bench_test_" + std::to_string(getpid()) + ".json");
+  BenchRun run;
+  run.exit_code = test::run_command(std::string(PAGELLM_BINARY) + " bench --url " + server.url() +
+                                        " --no-progress --json '" + path.string() + "' " + flags,
+                                    run.output);
+  run.report = json::parse(test::read_text_file(path), nullptr, false);
+  std::filesystem::remove(path);
+  return run;
+}
+
+// Blocks return to the pool in the step that finishes a request, which may come just
+// after the client has its last byte.
+int kv_used_blocks_when_idle(const test::ServerProcess& server) {
+  auto client = server.client();
+  int used = -1;
+  for (auto deadline = std::chrono::steady_clock::now() + 5s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+    auto res = client.Get("/v1/stats");
+    if (!res || res->status != 200) continue;
+    used = json::parse(res->body)["kv_cache"]["used_blocks"].get<int>();
+    if (used == 0) break;
+  }
+  return used;
+}
+
+TEST(BenchTest, SharedPrefixRunCompletesEveryRequestAndReportsTheServerSide) {
+  test::ServerProcess server({"--num-kv-blocks", "64"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const BenchRun run = run_bench(server,
+                                 "--concurrency 4 --num-requests 12 --input-len 32 --output-len 8 "
+                                 "--shared-prefix-len 16 --vocab-size 500");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_FALSE(run.report.is_discarded()) << run.output;
+  const json& r = run.report;
+  EXPECT_EQ(r["completed"], 12);
+  EXPECT_EQ(r["failed"], 0);
+  EXPECT_EQ(r["total_input_tokens"], 12 * 32);
+  EXPECT_EQ(r["total_output_tokens"], 12 * 8);
+  EXPECT_EQ(r["max_concurrency"], 4);
+  EXPECT_EQ(r["ttft_ms"]["count"], 12);
+  EXPECT_GT(r["ttft_ms"]["mean"].get<double>(), 0);
+  EXPECT_EQ(r["itl_ms"]["count"], 12 * 7);  // one gap between each pair of tokens
+  EXPECT_EQ(r["tpot_ms"]["count"], 12);
+  EXPECT_GT(r["output_throughput"].get<double>(), 0);
+  ASSERT_TRUE(r["server"].is_object()) << run.output;
+  // The first prompt fills the prefix; later ones find its one full block.
+  EXPECT_GT(r["server"]["prefix_cache_hit_rate"].get<double>(), 0);
+  // Sampled every 100 ms: a run this short may end between two samples.
+  EXPECT_GE(r["server"]["peak_kv_cache_usage"].get<double>(), 0);
+  EXPECT_LE(r["server"]["peak_kv_cache_usage"].get<double>(), 1);
+  EXPECT_EQ(r["server"]["preemptions"], 0);
+  ASSERT_EQ(r["requests"].size(), 12u);
+  for (const json& q : r["requests"]) {
+    EXPECT_TRUE(q["ok"].get<bool>());
+    EXPECT_EQ(q["output_tokens"], 8);
+  }
+  EXPECT_NE(run.output.find("Successful requests:                     12"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("Prefix cache hit rate (%):"), std::string::npos);
+  EXPECT_EQ(kv_used_blocks_when_idle(server), 0);
+}
+
+TEST(BenchTest, OpenLoopPoissonArrivalsWithoutSharedPrefix) {
+  test::ServerProcess server({"--num-kv-blocks", "64"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const BenchRun run = run_bench(server,
+                                 "--request-rate 50 --burstiness 0.5 --num-requests 10 "
+                                 "--input-len 20 --output-len 4 --range-ratio 0.2 --seed 3");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.report["completed"], 10);
+  EXPECT_EQ(run.report["request_rate"], 50.0);
+  EXPECT_EQ(kv_used_blocks_when_idle(server), 0);
+}
+
+TEST(BenchTest, FailedRequestsAreCountedWithTheirErrorAndExitNonZero) {
+  // 64 blocks of 16 tokens: a 2,000-token prompt never fits, and the server says 400.
+  test::ServerProcess server({"--num-kv-blocks", "64"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const BenchRun run = run_bench(server, "--num-requests 3 --input-len 2000 --output-len 4");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  ASSERT_FALSE(run.report.is_discarded()) << run.output;
+  EXPECT_EQ(run.report["failed"], 3);
+  EXPECT_EQ(run.report["completed"], 0);
+  ASSERT_EQ(run.report["errors"].size(), 1u) << run.report["errors"].dump();
+  EXPECT_EQ(run.report["errors"].begin().key().rfind("HTTP 400: ", 0), 0u)
+      << run.report["errors"].dump();
+  EXPECT_EQ(run.report["requests"][0]["http_status"], 400);
+  EXPECT_NE(run.output.find("Failed requests:                         3"), std::string::npos);
+}
+
+TEST(BenchTest, ChatEndpointAndAnApiKey) {
+  test::ServerProcess server({"--num-kv-blocks", "64", "--api-key", "k1"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const BenchRun denied = run_bench(server, "--num-requests 1 --endpoint chat --api-key wrong");
+  EXPECT_NE(denied.exit_code, 0) << denied.output;
+  const BenchRun run = run_bench(server,
+                                 "--num-requests 4 --concurrency 2 --endpoint chat --input-len 16 "
+                                 "--output-len 6 --api-key k1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.report["completed"], 4);
+  EXPECT_EQ(run.report["total_output_tokens"], 4 * 6);
+}
+
+TEST(BenchTest, UsageErrorsExitTwo) {
+  std::string output;
+  EXPECT_EQ(test::run_command(std::string(PAGELLM_BINARY) + " bench", output), 2);
+  EXPECT_NE(output.find("--url"), std::string::npos) << output;
+  EXPECT_EQ(
+      test::run_command(
+          std::string(PAGELLM_BINARY) + " bench --url http://127.0.0.1:1 --endpoint grpc", output),
+      2);
+  EXPECT_EQ(test::run_command(std::string(PAGELLM_BINARY) +
+                                  " bench --url http://127.0.0.1:1 --input-len 8 "
+                                  "--shared-prefix-len 9",
+                              output),
+            2)
+      << output;
+}
+
+}  // namespace
+}  // namespace pagellm
