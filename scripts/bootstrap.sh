@@ -13,6 +13,7 @@ packages=(
   libspdlog-dev libfmt-dev
   libopenblas-dev        # CPU matmuls
   libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus             # promtool checks the /metrics page in the tests
 )
 
 missing=()
