@@ -14,6 +14,7 @@ packages=(
   libopenblas-dev        # CPU matmuls
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus             # promtool checks the /metrics page in the tests
+  chromium               # headless browser for the /dashboard test
 )
 
 missing=()

@@ -1,0 +1,138 @@
+// /dashboard in headless Chromium while `pagellm bench` loads the server: the page's grid
+// and cards follow the pool during the load and after it. A screenshot taken during the
+// load lands in the build folder as dashboard.png. Skipped where Chromium is not installed.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "support/server_process.h"
+
+namespace pagellm {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string chromium_binary() {
+  for (const char* name : {"chromium", "chromium-browser"}) {
+    if (std::system(("command -v " + std::string(name) + " > /dev/null 2>&1").c_str()) == 0)
+      return name;
+  }
+  return "";
+}
+
+// One headless Chromium run with a fresh profile; `action` is --dump-dom or --screenshot=...
+// The virtual time budget lets the page's 500 ms polls run a few times before the dump.
+std::string run_chromium(const std::string& chromium, const std::string& action,
+                         const std::string& url) {
+  const auto profile =
+      std::filesystem::temp_directory_path() / ("pagellm_chromium_" + std::to_string(getpid()));
+  std::filesystem::create_directories(profile);
+  const std::string dom_file = profile.string() + ".html";
+  const std::string command =
+      "timeout 90 " + chromium +
+      " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run"
+      " --disable-background-networking --disable-component-update --disable-sync"
+      " --user-data-dir='" +
+      profile.string() + "' --window-size=1000,900 --virtual-time-budget=1600 " + action + " '" +
+      url + "' > '" + dom_file + "' 2> /dev/null";
+  const int status = std::system(command.c_str());
+  std::string dom = test::read_text_file(dom_file);
+  std::error_code ignored;
+  std::filesystem::remove_all(profile, ignored);
+  std::filesystem::remove(dom_file, ignored);
+  EXPECT_EQ(status, 0) << command;
+  return dom;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+std::string pool_of(const std::string& dom) {
+  const size_t start = dom.find("<div id=\"pool\">");
+  const size_t end = dom.find("<p id=\"error\">", start);
+  return start == std::string::npos || end == std::string::npos ? ""
+                                                                : dom.substr(start, end - start);
+}
+
+int card_value(const std::string& dom, const std::string& label) {
+  std::smatch m;
+  if (!std::regex_search(dom, m, std::regex(label + "<b>(-?\\d+)"))) return -1;
+  return std::stoi(m[1]);
+}
+
+json stats(const test::ServerProcess& server) {
+  auto res = server.client().Get("/v1/stats");
+  return res && res->status == 200 ? json::parse(res->body) : json();
+}
+
+TEST(DashboardTest, GridAndCardsFollowThePoolDuringAndAfterALoad) {
+  const std::string chromium = chromium_binary();
+  if (chromium.empty()) GTEST_SKIP() << "chromium not found (Debian package chromium)";
+  test::ServerProcess server({"--num-kv-blocks", "64"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string page = server.url() + "/dashboard";
+
+  int load_exit = -1;
+  std::string load_output;
+  std::thread load([&] {
+    load_exit = test::run_command(std::string(PAGELLM_BINARY) + " bench --url " + server.url() +
+                                      " --concurrency 3 --num-requests 100 --input-len 64"
+                                      " --output-len 200 --shared-prefix-len 32 --no-progress",
+                                  load_output);
+  });
+  for (auto deadline = std::chrono::steady_clock::now() + 20s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+    const json s = stats(server);
+    if (s.is_object() && s["num_requests_running"].get<int>() > 0) break;
+  }
+
+  const auto screenshot = std::filesystem::path(PAGELLM_BINARY).parent_path() / "dashboard.png";
+  std::filesystem::remove(screenshot);
+  const auto started = std::chrono::steady_clock::now();
+  run_chromium(chromium, "--screenshot='" + screenshot.string() + "'", page);
+  const std::string busy = run_chromium(chromium, "--dump-dom", page);
+  const double browser_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  load.join();
+  ASSERT_EQ(load_exit, 0) << load_output;
+
+  // During the load: 64 squares, some in use, requests running, a token rate.
+  const std::string busy_pool = pool_of(busy);
+  ASSERT_FALSE(busy_pool.empty()) << busy;
+  // A machine where the browser outlasts the whole load cannot see it busy.
+  EXPECT_GT(card_value(busy, "running"), 0) << "the browser took " << browser_s << " s\n" << busy;
+  EXPECT_EQ(count(busy_pool, "<div class="), 64) << busy_pool;
+  EXPECT_GT(count(busy_pool, "<div class=\"used\">"), 0) << busy_pool;
+  EXPECT_GT(card_value(busy, "tokens/s"), 0) << busy;
+  EXPECT_NE(busy.find("64 blocks of 16 tokens"), std::string::npos) << busy;
+
+  // After it: nothing in use, the shared prefix's blocks stay cached-free.
+  for (auto deadline = std::chrono::steady_clock::now() + 5s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
+    if (stats(server)["kv_cache"]["used_blocks"] == 0) break;
+  }
+  const std::string idle = run_chromium(chromium, "--dump-dom", page);
+  const std::string idle_pool = pool_of(idle);
+  EXPECT_EQ(count(idle_pool, "<div class="), 64) << idle_pool;
+  EXPECT_EQ(count(idle_pool, "<div class=\"used\">"), 0) << idle_pool;
+  EXPECT_GT(count(idle_pool, "<div class=\"cached\">"), 0) << idle_pool;
+  EXPECT_EQ(card_value(idle, "running"), 0) << idle;
+  EXPECT_NE(busy_pool, idle_pool);
+
+  ASSERT_TRUE(std::filesystem::exists(screenshot));
+  EXPECT_EQ(test::read_text_file(screenshot).substr(1, 3), "PNG");
+}
+
+}  // namespace
+}  // namespace pagellm
