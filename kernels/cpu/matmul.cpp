@@ -158,7 +158,10 @@ inline void prefetch_pair(const typename W::T* w) {
     detail::prefetch_l1(p + b);
 }
 
-template <class W, int P, int R, bool PF>
+// PF: prefetch the weights ahead of the loads. NEXT (the tiles of one thread cover
+// consecutive panels over the whole of k): near the end of its panels, each stream
+// prefetches the start of the panel it reads in the next tile instead.
+template <class W, int P, int R, bool PF, bool NEXT = false>
 void tile_avx512(const TileArgs<W>& a) {
   __mmask16 mask[P];
   for (int p = 0; p < P; ++p)
@@ -173,8 +176,14 @@ void tile_avx512(const TileArgs<W>& a) {
   int64_t t = 0;
   for (; t + 2 <= a.kn; t += 2, w += 2 * kPanel, x += 2) {
     if constexpr (PF) {
+      const typename W::T* ahead = w;
+      if constexpr (NEXT) {
+        if ((t + 2) * kPanel * static_cast<int64_t>(sizeof(typename W::T)) + kPrefetchBytes >
+            a.kn * kPanel * static_cast<int64_t>(sizeof(typename W::T)))
+          ahead += (P - 1) * a.ws;
+      }
       for (int p = 0; p < P; ++p)
-        prefetch_pair<W>(w + p * a.ws);
+        prefetch_pair<W>(ahead + p * a.ws);
     }
     {
       __m512 wv[P];
@@ -239,7 +248,7 @@ constexpr std::array<std::array<std::array<TileFn<W>, kTileRows>, kTilePanels>, 
 
 template <class W, int... Ps>
 constexpr std::array<TileFn<W>, kGemvPanels> gemv_table(std::integer_sequence<int, Ps...>) {
-  return {&tile_avx512<W, Ps + 1, 1, true>...};
+  return {&tile_avx512<W, Ps + 1, 1, true, true>...};
 }
 
 template <class W>
