@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -126,6 +127,29 @@ TEST(BenchTest, ChatEndpointAndAnApiKey) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(run.report["completed"], 4);
   EXPECT_EQ(run.report["total_output_tokens"], 4 * 6);
+}
+
+TEST(BenchTest, DatasetPromptsWithWarmupCountOnlyTheMeasuredRequests) {
+  test::ServerProcess server({"--num-kv-blocks", "64"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const auto dataset = std::filesystem::temp_directory_path() /
+                       ("pagellm_bench_dataset_" + std::to_string(getpid()) + ".jsonl");
+  {
+    std::ofstream out(dataset);
+    out << R"({"prompt": "The quick brown fox"})"
+        << "\n"
+        << R"({"prompt": "jumps over the lazy dog"})"
+        << "\n";
+  }
+  const BenchRun run = run_bench(
+      server, "--dataset '" + dataset.string() + "' --num-requests 5 --warmup 2 --output-len 3");
+  std::filesystem::remove(dataset);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.report["num_requests"], 5);
+  EXPECT_EQ(run.report["completed"], 5);
+  EXPECT_EQ(run.report["total_output_tokens"], 5 * 3);
+  // Text prompts are counted by the server's usage.
+  EXPECT_GT(run.report["total_input_tokens"].get<int>(), 5);
 }
 
 TEST(BenchTest, UsageErrorsExitTwo) {
