@@ -320,6 +320,9 @@ struct HttpServer::Impl {
     http.set_payload_max_length(options.max_body_bytes);
     // Load generators and SDKs reuse connections for many requests.
     http.set_keep_alive_max_count(1000);
+    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
+    // them back behind the delayed ACK of a kept-alive connection (about 40 ms).
+    http.set_tcp_nodelay(true);
     const int threads = options.threads;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   }
