@@ -248,6 +248,35 @@ class Server : public ::testing::Test {
   std::unique_ptr<httplib::Client> client_;
 };
 
+// Streamed tokens are small writes; with Nagle's algorithm on, a kept-alive connection
+// holds them back until the client's delayed ACK (about 40 ms). The fastest of several
+// requests on one connection shows whether the server turned it off.
+TEST_F(Server, StreamedTokensAreNotHeldBackOnAKeptAliveConnection) {
+  httplib::Client client = server_->client();
+  client.set_keep_alive(true);
+  client.set_tcp_nodelay(true);  // the client's own half of the same delay
+  const json body = {{"prompt", "Hello"}, {"max_tokens", 4}, {"stream", true}};
+  double fastest = 1e9;
+  for (int i = 0; i < 6; ++i) {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    const auto start = std::chrono::steady_clock::now();
+    double first = -1;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      if (first < 0) {
+        first = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      return true;
+    };
+    ASSERT_TRUE(client.send(req));
+    if (i > 0) fastest = std::min(fastest, first);  // the first request opens the connection
+  }
+  EXPECT_LT(fastest, 0.025) << "first streamed bytes took " << fastest * 1000 << " ms";
+}
+
 TEST_F(Server, HealthModelsAndMetrics) {
   auto health = client_->Get("/health");
   ASSERT_TRUE(health);
