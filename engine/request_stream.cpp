@@ -2,7 +2,7 @@
 
 namespace pagellm::engine {
 
-void RequestStream::merge(GenerationChunk& into, GenerationChunk&& from) {
+void merge_chunk(GenerationChunk& into, GenerationChunk&& from) {
   into.text += from.text;
   for (SampledToken& t : from.tokens)
     into.tokens.push_back(std::move(t));
@@ -25,7 +25,7 @@ std::optional<GenerationChunk> RequestStream::next(std::chrono::milliseconds tim
   GenerationChunk out = std::move(chunks_.front());
   chunks_.pop_front();
   while (!chunks_.empty()) {
-    merge(out, std::move(chunks_.front()));
+    merge_chunk(out, std::move(chunks_.front()));
     chunks_.pop_front();
   }
   if (out.finished) finished_taken_ = true;
@@ -36,7 +36,7 @@ GenerationChunk RequestStream::collect() {
   GenerationChunk all;
   while (!all.finished) {
     auto chunk = next(std::chrono::milliseconds(1000));
-    if (chunk) merge(all, std::move(*chunk));
+    if (chunk) merge_chunk(all, std::move(*chunk));
     if (!chunk && finished()) break;
   }
   return all;

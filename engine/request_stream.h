@@ -35,6 +35,10 @@ struct GenerationChunk {
   scheduler::SequenceTimes times;  // seconds on the engine's monotonic clock
 };
 
+// Appends `from` to `into`: text, tokens and their times; the end fields when `from` is
+// the finished chunk.
+void merge_chunk(GenerationChunk& into, GenerationChunk&& from);
+
 class RequestStream {
  public:
   explicit RequestStream(uint64_t id) : id_(id) {}
@@ -51,8 +55,6 @@ class RequestStream {
   bool finished() const;
 
  private:
-  static void merge(GenerationChunk& into, GenerationChunk&& from);
-
   const uint64_t id_;
   mutable std::mutex mutex_;
   std::condition_variable ready_;

@@ -119,26 +119,14 @@ bool client_connected(int fd) {
 }
 
 // Adds `from` (later output) to `into`.
-void merge_chunk(engine::GenerationChunk& into, engine::GenerationChunk&& from) {
-  into.text += from.text;
-  for (auto& t : from.tokens)
-    into.tokens.push_back(std::move(t));
-  if (from.finished) {
-    into.finished = true;
-    into.finish_reason = from.finish_reason;
-    into.error = std::move(from.error);
-    into.usage = from.usage;
-    into.times = from.times;
-  }
-}
-
 // One choice of a request: its stream and what has been gathered so far.
 struct Choice {
   int32_t index = 0;
   int32_t prompt_index = 0;
   std::shared_ptr<engine::RequestStream> stream;
   bool done = false;
-  engine::GenerationChunk final;  // the finished chunk (usage, reason, times)
+  engine::GenerationChunk final;    // the finished chunk (usage, reason, times)
+  std::vector<double> token_times;  // when each token was sampled, for inter-token latency
 };
 
 }  // namespace
@@ -481,6 +469,13 @@ struct HttpServer::Impl {
     if (f.times.first_scheduled > 0 && f.times.arrival > 0) {
       metrics.queue_time.observe(f.times.first_scheduled - f.times.arrival);
     }
+    for (size_t i = 1; i < c.token_times.size(); ++i) {
+      metrics.inter_token_latency.observe(c.token_times[i] - c.token_times[i - 1]);
+    }
+    if (f.finished && f.error.empty()) {
+      metrics.request_prompt_tokens.observe(f.usage.prompt_tokens);
+      metrics.request_generation_tokens.observe(f.usage.completion_tokens);
+    }
     if (f.usage.completion_tokens > 1 && f.times.last_token > f.times.first_token) {
       metrics.time_per_output_token.observe((f.times.last_token - f.times.first_token) /
                                             (f.usage.completion_tokens - 1));
@@ -511,7 +506,9 @@ struct HttpServer::Impl {
     for (Choice& c : choices) {
       while (!c.final.finished) {
         if (auto chunk = c.stream->next(std::chrono::milliseconds(50))) {
-          merge_chunk(c.final, std::move(*chunk));
+          c.token_times.insert(c.token_times.end(), chunk->token_times.begin(),
+                               chunk->token_times.end());
+          engine::merge_chunk(c.final, std::move(*chunk));
         }
         if (c.final.finished || Clock::now() - checked < std::chrono::milliseconds(50)) continue;
         checked = Clock::now();
@@ -599,6 +596,8 @@ struct HttpServer::Impl {
         auto chunk = c.stream->next(wait);
         if (!chunk) continue;
         any = true;
+        c.token_times.insert(c.token_times.end(), chunk->token_times.begin(),
+                             chunk->token_times.end());
         ChoiceResult out;
         out.index = c.index;
         out.text = chunk->text;

@@ -57,7 +57,13 @@ ServerMetrics::ServerMetrics()
                              0.4, 0.5, 0.75, 1.0, 2.5}),
       queue_time({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0}),
       e2e_latency(
-          {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0}) {}
+          {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0}),
+      inter_token_latency({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                           0.5, 0.75, 1.0, 2.5}),
+      request_prompt_tokens(
+          {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}),
+      request_generation_tokens(
+          {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}) {}
 
 std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics& server,
                            const std::string& model_name) {
@@ -73,6 +79,14 @@ std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics
          stats.kv.total_blocks);
   metric(out, "gauge", "pagellm:kv_cache_used_blocks", "KV blocks held by sequences.", labels,
          stats.kv.used_blocks);
+  metric(out, "gauge", "pagellm:kv_cache_cached_free_blocks",
+         "KV blocks held by nobody that keep a cached prefix (reclaimable).", labels,
+         stats.kv.cached_free_blocks);
+  metric(out, "gauge", "pagellm:kv_cache_free_blocks", "KV blocks holding nothing.", labels,
+         stats.kv.free_blocks);
+  metric(out, "gauge", "pagellm:cache_config_info", "The KV pool's configuration.",
+         labels + ",block_size=\"16\",num_blocks=\"" + std::to_string(stats.kv.total_blocks) + "\"",
+         1);
   metric(out, "counter", "pagellm:prompt_tokens_total", "Prompt tokens of admitted requests.",
          labels, double(stats.scheduler.prompt_tokens));
   metric(out, "counter", "pagellm:generation_tokens_total", "Generated tokens.", labels,
@@ -109,6 +123,15 @@ std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics
   out += "# HELP pagellm:e2e_request_latency_seconds Arrival to last token.\n";
   out += "# TYPE pagellm:e2e_request_latency_seconds histogram\n";
   server.e2e_latency.render(out, "pagellm:e2e_request_latency_seconds", labels);
+  out += "# HELP pagellm:inter_token_latency_seconds Time between two tokens of a request.\n";
+  out += "# TYPE pagellm:inter_token_latency_seconds histogram\n";
+  server.inter_token_latency.render(out, "pagellm:inter_token_latency_seconds", labels);
+  out += "# HELP pagellm:request_prompt_tokens Prompt tokens of finished requests.\n";
+  out += "# TYPE pagellm:request_prompt_tokens histogram\n";
+  server.request_prompt_tokens.render(out, "pagellm:request_prompt_tokens", labels);
+  out += "# HELP pagellm:request_generation_tokens Generated tokens of finished requests.\n";
+  out += "# TYPE pagellm:request_generation_tokens histogram\n";
+  server.request_generation_tokens.render(out, "pagellm:request_generation_tokens", labels);
   return out;
 }
 

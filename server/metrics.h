@@ -42,6 +42,9 @@ struct ServerMetrics {
   Histogram time_per_output_token;  // a request's mean gap between tokens
   Histogram queue_time;             // arrival to first scheduled
   Histogram e2e_latency;
+  Histogram inter_token_latency;        // every gap between two tokens of a request
+  Histogram request_prompt_tokens;      // prompt length of finished requests
+  Histogram request_generation_tokens;  // output length of finished requests
 };
 
 std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics& server,

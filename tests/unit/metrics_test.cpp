@@ -42,6 +42,17 @@ TEST(Metrics, GaugesAndCountersCarryTheEngineState) {
   EXPECT_TRUE(has_line(text, "pagellm:num_preemptions_total" + l + " 4"));
   EXPECT_TRUE(has_line(
       text, "pagellm:request_success_total{model_name=\"demo\",finished_reason=\"stop\"} 7"));
+  EXPECT_TRUE(has_line(text, "pagellm:kv_cache_free_blocks" + l + " 75"));
+  EXPECT_TRUE(has_line(text, "pagellm:kv_cache_cached_free_blocks" + l + " 0"));
+  EXPECT_TRUE(has_line(
+      text,
+      "pagellm:cache_config_info{model_name=\"demo\",block_size=\"16\",num_blocks=\"100\"} 1"));
+  for (const char* histogram :
+       {"time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+        "request_queue_time_seconds", "request_prompt_tokens", "request_generation_tokens"}) {
+    EXPECT_TRUE(has_line(text, std::string("# TYPE pagellm:") + histogram + " histogram"))
+        << histogram;
+  }
   EXPECT_TRUE(has_line(text, "# TYPE pagellm:num_requests_running gauge"));
   EXPECT_TRUE(has_line(text, "# TYPE pagellm:generation_tokens_total counter"));
 }
