@@ -61,7 +61,7 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenize
       kv_(static_cast<int32_t>(kv_plan_.num_blocks), config_.enable_prefix_caching),
       scheduler_(config_.scheduler, kv_),
       seed_rng_(config_.seed ? *config_.seed : std::random_device{}()) {
-  publish_stats();
+  publish_stats(/*refresh_block_map=*/true);
   alive_ = true;
   thread_ = std::thread(&Engine::loop, this);
 }
@@ -165,7 +165,8 @@ void Engine::loop() {
       // Nothing brings the engine thread down: the requests in flight fail, the rest go on.
       fail_all(std::string("internal error: ") + e.what());
     }
-    publish_stats();
+    // Idle now: the picture of the pool must show the final state.
+    publish_stats(/*refresh_block_map=*/!scheduler_.has_work());
   }
 }
 
@@ -290,8 +291,23 @@ void Engine::fail_all(const std::string& error) {
     cancel(id, error);
 }
 
-void Engine::publish_stats() {
+void Engine::publish_stats(bool refresh_block_map) {
+  const double t = now();
+  std::string map;
+  // A small pool is drawn every time (microseconds); a large one at most every 200 ms of
+  // work, plus once whenever the engine goes idle.
+  const bool small_pool = kv_.pool().num_blocks() <= 16384;
+  if (refresh_block_map || small_pool || t - block_map_time_ > 0.2) {
+    const paging::BlockPool& pool = kv_.pool();
+    map.resize(pool.num_blocks());
+    for (paging::BlockId b = 0; b < pool.num_blocks(); ++b) {
+      const int32_t refs = pool.ref_count(b);
+      map[b] = refs > 1 ? 's' : refs == 1 ? 'u' : pool.is_cached(b) ? 'c' : '.';
+    }
+    if (!refresh_block_map) block_map_time_ = t;
+  }
   std::lock_guard lock(stats_mutex_);
+  if (!map.empty()) stats_.block_map.swap(map);
   stats_.num_running = scheduler_.num_running();
   stats_.num_waiting = scheduler_.num_waiting();
   stats_.kv = kv_.usage();

@@ -65,6 +65,10 @@ struct EngineStats {
   paging::KVCacheUsage kv;
   scheduler::SchedulerStats scheduler;
   int64_t finished_stop = 0, finished_length = 0, finished_abort = 0, failed = 0;
+  // One character per block, in block-id order: '.' free, 'c' cached-free, 'u' used by
+  // one sequence, 's' shared by several. Refreshed with every snapshot for pools up to
+  // 16,384 blocks; larger ones every 200 ms of work and whenever the engine goes idle.
+  std::string block_map;
 };
 
 class Engine {
@@ -106,7 +110,7 @@ class Engine {
   void step();
   void finish(Request& r, const scheduler::Sequence& seq, const std::string& error);
   void fail_all(const std::string& error);
-  void publish_stats();
+  void publish_stats(bool refresh_block_map = false);
 
   std::unique_ptr<LlamaModel> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -137,6 +141,7 @@ class Engine {
 
   mutable std::mutex stats_mutex_;
   EngineStats stats_;
+  double block_map_time_ = 0;
   std::atomic<bool> alive_{false};
   std::thread thread_;
 };

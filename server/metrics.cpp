@@ -155,7 +155,12 @@ std::string stats_json(const engine::EngineStats& s) {
                 static_cast<long long>(s.scheduler.generation_tokens),
                 static_cast<long long>(s.finished_stop), static_cast<long long>(s.finished_length),
                 static_cast<long long>(s.finished_abort), static_cast<long long>(s.failed));
-  return buf;
+  // The pool block by block ('.' free, 'c' cached-free, 'u' used, 's' shared): one byte a
+  // block keeps it small enough to poll with 100,000 blocks.
+  std::string out(buf);
+  out.pop_back();
+  out += ",\"block_map\":\"" + s.block_map + "\"}";
+  return out;
 }
 
 }  // namespace pagellm::server

@@ -50,7 +50,8 @@ struct ServerMetrics {
 std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics& server,
                            const std::string& model_name);
 
-// The engine and pool state as JSON, for /v1/stats.
+// The engine and pool state as JSON, for /v1/stats, with `block_map`: one character a
+// block ('.' free, 'c' cached-free, 'u' used by one sequence, 's' shared).
 std::string stats_json(const engine::EngineStats& stats);
 
 }  // namespace pagellm::server

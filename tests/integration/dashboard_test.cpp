@@ -58,11 +58,20 @@ int count(const std::string& text, const std::string& what) {
   return n;
 }
 
-std::string pool_of(const std::string& dom) {
-  const size_t start = dom.find("<div id=\"pool\">");
-  const size_t end = dom.find("<p id=\"error\">", start);
-  return start == std::string::npos || end == std::string::npos ? ""
-                                                                : dom.substr(start, end - start);
+// A number the page writes into an element: <b id="count-used">12</b>.
+int counter(const std::string& dom, const std::string& id) {
+  std::smatch m;
+  if (!std::regex_search(dom, m, std::regex("id=\"" + id + "\">(\\d+)<"))) return -1;
+  return std::stoi(m[1]);
+}
+
+// Polls a chart has drawn: <canvas ... id="occupancy" ... data-points="3">.
+int chart_points(const std::string& dom, const std::string& id) {
+  std::smatch m;
+  if (!std::regex_search(dom, m, std::regex("id=\"" + id + "\"[^>]*data-points=\"(\\d+)\""))) {
+    return -1;
+  }
+  return std::stoi(m[1]);
 }
 
 int card_value(const std::string& dom, const std::string& label) {
@@ -107,28 +116,36 @@ TEST(DashboardTest, GridAndCardsFollowThePoolDuringAndAfterALoad) {
   load.join();
   ASSERT_EQ(load_exit, 0) << load_output;
 
-  // During the load: 64 squares, some in use, requests running, a token rate.
-  const std::string busy_pool = pool_of(busy);
-  ASSERT_FALSE(busy_pool.empty()) << busy;
-  // A machine where the browser outlasts the whole load cannot see it busy.
+  // During the load: blocks in use on the grid, requests running, a token rate, and the
+  // charts drawn from several polls.
   EXPECT_GT(card_value(busy, "running"), 0) << "the browser took " << browser_s << " s\n" << busy;
-  EXPECT_EQ(count(busy_pool, "<div class="), 64) << busy_pool;
-  EXPECT_GT(count(busy_pool, "<div class=\"used\">"), 0) << busy_pool;
+  EXPECT_GT(counter(busy, "count-used") + counter(busy, "count-shared"), 0) << busy;
+  EXPECT_EQ(counter(busy, "count-used") + counter(busy, "count-shared") +
+                counter(busy, "count-cached") + counter(busy, "count-free"),
+            64)
+      << busy;
   EXPECT_GT(card_value(busy, "tokens/s"), 0) << busy;
   EXPECT_NE(busy.find("64 blocks of 16 tokens"), std::string::npos) << busy;
+  for (const char* chart : {"occupancy", "requests", "rate"}) {
+    EXPECT_GT(chart_points(busy, chart), 1) << chart << "\n" << busy;
+  }
 
-  // After it: nothing in use, the shared prefix's blocks stay cached-free.
+  // After it: nothing in use, the shared prefix's blocks stay cached-free, in the page and
+  // in the block map of /v1/stats.
   for (auto deadline = std::chrono::steady_clock::now() + 5s;
        std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
     if (stats(server)["kv_cache"]["used_blocks"] == 0) break;
   }
+  const json after = stats(server);
+  const std::string map = after["block_map"].get<std::string>();
+  EXPECT_EQ(static_cast<int>(map.size()), after["kv_cache"]["total_blocks"].get<int>());
+  EXPECT_EQ(map.find_first_of("us"), std::string::npos) << map;
+  EXPECT_NE(map.find('c'), std::string::npos) << map;
   const std::string idle = run_chromium(chromium, "--dump-dom", page);
-  const std::string idle_pool = pool_of(idle);
-  EXPECT_EQ(count(idle_pool, "<div class="), 64) << idle_pool;
-  EXPECT_EQ(count(idle_pool, "<div class=\"used\">"), 0) << idle_pool;
-  EXPECT_GT(count(idle_pool, "<div class=\"cached\">"), 0) << idle_pool;
+  EXPECT_EQ(counter(idle, "count-used"), 0) << idle;
+  EXPECT_EQ(counter(idle, "count-shared"), 0) << idle;
+  EXPECT_GT(counter(idle, "count-cached"), 0) << idle;
   EXPECT_EQ(card_value(idle, "running"), 0) << idle;
-  EXPECT_NE(busy_pool, idle_pool);
 
   ASSERT_TRUE(std::filesystem::exists(screenshot));
   EXPECT_EQ(test::read_text_file(screenshot).substr(1, 3), "PNG");

@@ -26,6 +26,7 @@ engine::EngineStats sample_stats() {
   s.scheduler.prompt_tokens = 1000;
   s.scheduler.generation_tokens = 500;
   s.scheduler.num_preemptions = 4;
+  s.block_map = "uus.c";
   return s;
 }
 
@@ -80,6 +81,7 @@ TEST(Metrics, StatsJson) {
   EXPECT_EQ(stats["kv_cache"]["used_blocks"], 25);
   EXPECT_DOUBLE_EQ(stats["kv_cache"]["usage"].get<double>(), 0.25);
   EXPECT_EQ(stats["scheduler"]["num_preemptions"], 4);
+  EXPECT_EQ(stats["block_map"], "uus.c");
 }
 
 }  // namespace
