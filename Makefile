@@ -28,6 +28,8 @@ serve: build
 bench: build
 	@$(BUILD_DIR)/bench/pagellm_kv_memory_report
 	@$(BUILD_DIR)/bench/pagellm_paging_bench
+	@$(BUILD_DIR)/bench/pagellm_scheduler_bench
+	@$(BUILD_DIR)/bench/pagellm_model_bench
 
 format:
 	@git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
