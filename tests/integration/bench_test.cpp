@@ -67,7 +67,10 @@ TEST(BenchTest, SharedPrefixRunCompletesEveryRequestAndReportsTheServerSide) {
   EXPECT_EQ(r["max_concurrency"], 4);
   EXPECT_EQ(r["ttft_ms"]["count"], 12);
   EXPECT_GT(r["ttft_ms"]["mean"].get<double>(), 0);
-  EXPECT_EQ(r["itl_ms"]["count"], 12 * 7);  // one gap between each pair of tokens
+  // One gap between each pair of streamed events: at most one per pair of tokens, fewer
+  // when the server sends tokens that were ready together in one event (under load).
+  EXPECT_LE(r["itl_ms"]["count"].get<int>(), 12 * 7);
+  EXPECT_GT(r["itl_ms"]["count"].get<int>(), 0);
   EXPECT_EQ(r["tpot_ms"]["count"], 12);
   EXPECT_GT(r["output_throughput"].get<double>(), 0);
   ASSERT_TRUE(r["server"].is_object()) << run.output;
