@@ -135,6 +135,7 @@ struct HttpServer::Impl {
   engine::Engine& engine;
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   HttpServerOptions options;
+  int listen_socket = -1;  // set while binding
   std::optional<engine::ChatTemplate> chat_template;
   std::string chat_template_error;
   engine::ChatRenderOptions render_defaults;
@@ -311,6 +312,12 @@ struct HttpServer::Impl {
     // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
     // them back behind the delayed ACK of a kept-alive connection (about 40 ms).
     http.set_tcp_nodelay(true);
+    // The listening socket, to widen its backlog after bind (see HttpServer::bind).
+    http.set_socket_options([this](int sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket = sock;
+    });
     const int threads = options.threads;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   }
@@ -659,6 +666,10 @@ int HttpServer::bind() {
     throw std::runtime_error("cannot bind to " + s.options.host + ":" + std::to_string(port) +
                              " (in use, or not an address of this machine)");
   }
+  // cpp-httplib (as Debian builds it) listens with a backlog of 5: a burst of clients
+  // connecting at once overflows it, and connections the kernel drops then fail on their
+  // first read. listen() again on the bound socket only changes the backlog.
+  if (s.listen_socket >= 0) ::listen(s.listen_socket, 1024);
   return port;
 }
 

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -275,6 +276,28 @@ TEST_F(Server, StreamedTokensAreNotHeldBackOnAKeptAliveConnection) {
     if (i > 0) fastest = std::min(fastest, first);  // the first request opens the connection
   }
   EXPECT_LT(fastest, 0.025) << "first streamed bytes took " << fastest * 1000 << " ms";
+}
+
+// Many clients connecting at the same moment: the listen backlog must hold them all
+// (a backlog of 5 drops connections, which then fail on their first read).
+TEST_F(Server, AConnectionBurstIsServedWhole) {
+  constexpr int kClients = 200;
+  std::atomic<int> ok{0};
+  std::atomic<int> ready{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&] {
+      httplib::Client client = server_->client();
+      ++ready;
+      while (ready.load() < kClients)
+        std::this_thread::yield();
+      auto res = client.Get("/health");
+      if (res && res->status == 200) ++ok;
+    });
+  }
+  for (auto& t : clients)
+    t.join();
+  EXPECT_EQ(ok.load(), kClients);
 }
 
 TEST_F(Server, HealthModelsAndMetrics) {
