@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/demo_model.h"
+#include "support/server_process.h"
 
 namespace pagellm {
 namespace {
@@ -30,110 +31,22 @@ using namespace std::chrono_literals;
 
 constexpr const char* kKey = "test-key";
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-const std::filesystem::path& tiny_model() {
-  static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::temp_directory_path() /
-             ("pagellm_server_test_model_" + std::to_string(getpid()));
-    engine::write_demo_model(d, engine::demo_model_preset("tiny"));
-    std::atexit([] {
-      std::error_code ignored;
-      std::filesystem::remove_all(std::filesystem::temp_directory_path() /
-                                      ("pagellm_server_test_model_" + std::to_string(getpid())),
-                                  ignored);
-    });
-    return d;
-  }();
-  return dir;
-}
-
-// A `pagellm serve` child process; killed when the object goes, so that a failing test
-// leaves nothing running.
-class ServerProcess {
+// The shared test server with this file's defaults: a 64-block pool, and clients that
+// carry the API key unless asked not to.
+class ServerProcess : public test::ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& extra,
-                         const std::filesystem::path& model = tiny_model()) {
-    log_ = std::filesystem::temp_directory_path() /
-           ("pagellm_server_test_" + std::to_string(getpid()) + "_" + std::to_string(++count_) +
-            ".log");
-    std::vector<std::string> args = {PAGELLM_BINARY, "serve", "--model",         model.string(),
-                                     "--port",       "0",     "--num-kv-blocks", "64"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
-      unsetenv("PAGELLM_API_KEY");       // keys come from the arguments only
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args)
-        argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    // The server logs the port it bound.
-    const std::regex serving(R"(on http://127\.0\.0\.1:(\d+))");
-    for (auto deadline = std::chrono::steady_clock::now() + 30s;
-         std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
-      std::smatch m;
-      const std::string text = read_file(log_);
-      if (std::regex_search(text, m, serving)) {
-        port_ = std::stoi(m[1]);
-        break;
-      }
-      if (waitpid(pid_, &status_, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-    }
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    std::error_code ignored;
-    std::filesystem::remove(log_, ignored);
-  }
-
-  int port() const { return port_; }
-  std::string log() const { return read_file(log_); }
-
-  // Sends `sig` and waits up to `limit` for the exit; the exit code, or -1.
-  int stop(int sig, std::chrono::seconds limit) {
-    if (pid_ <= 0) return -1;
-    kill(pid_, sig);
-    for (auto deadline = std::chrono::steady_clock::now() + limit;
-         std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(20ms)) {
-      if (waitpid(pid_, &status_, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
-      }
-    }
-    return -1;
-  }
-
+  explicit ServerProcess(std::vector<std::string> extra,
+                         const std::filesystem::path& model = test::tiny_demo_model())
+      : test::ServerProcess(with_pool(std::move(extra)), model) {}
   httplib::Client client(bool with_key = true) const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(60, 0);
-    if (with_key) c.set_default_headers({{"Authorization", std::string("Bearer ") + kKey}});
-    return c;
+    return test::ServerProcess::client(with_key ? kKey : "");
   }
 
  private:
-  static inline int count_ = 0;
-  pid_t pid_ = -1;
-  int port_ = 0;
-  int status_ = 0;
-  std::filesystem::path log_;
+  static std::vector<std::string> with_pool(std::vector<std::string> extra) {
+    extra.insert(extra.begin(), {"--num-kv-blocks", "64"});
+    return extra;
+  }
 };
 
 struct Sse {
@@ -651,8 +564,8 @@ TEST(ServerProcess, ModelWithoutChatTemplateAndTemplateFromAFile) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("pagellm_server_test_plain_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
-  std::filesystem::copy(tiny_model(), dir);
-  json config = json::parse(read_file(dir / "tokenizer_config.json"));
+  std::filesystem::copy(test::tiny_demo_model(), dir);
+  json config = json::parse(test::read_text_file(dir / "tokenizer_config.json"));
   config.erase("chat_template");
   std::ofstream(dir / "tokenizer_config.json") << config.dump();
   const auto template_file = dir / "plain.jinja";
@@ -748,7 +661,7 @@ TEST(ServeCli, HelpListsTheOptionsAndCudaIsRefused) {
       std::filesystem::temp_directory_path() / ("pagellm_serve_help_" + std::to_string(getpid()));
   const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --help > '" + out + "'";
   ASSERT_EQ(std::system(command.c_str()), 0);
-  const std::string help = read_file(out);
+  const std::string help = test::read_text_file(out);
   std::filesystem::remove(out);
   for (const char* flag :
        {"--model", "--config", "--host", "--port", "--num-kv-blocks", "--kv-cache-bytes",

@@ -82,7 +82,7 @@ class ServerProcess {
         port_ = std::stoi(m[1]);
         break;
       }
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      if (waitpid(pid_, &status_, WNOHANG) == pid_) {
         pid_ = -1;
         break;
       }
@@ -103,16 +103,34 @@ class ServerProcess {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   std::string log() const { return read_text_file(log_); }
 
-  httplib::Client client() const {
+  // A client of this server; with `bearer_key`, every request carries it.
+  httplib::Client client(const std::string& bearer_key = "") const {
     httplib::Client c("127.0.0.1", port_);
     c.set_read_timeout(60, 0);
+    if (!bearer_key.empty()) c.set_default_headers({{"Authorization", "Bearer " + bearer_key}});
     return c;
+  }
+
+  // Sends `sig` and waits up to `limit` for the exit; the exit code, or -1.
+  int stop(int sig, std::chrono::seconds limit) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, sig);
+    for (auto deadline = std::chrono::steady_clock::now() + limit;
+         std::chrono::steady_clock::now() < deadline;
+         std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+      if (waitpid(pid_, &status_, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
+      }
+    }
+    return -1;
   }
 
  private:
   static inline int count_ = 0;
   pid_t pid_ = -1;
   int port_ = 0;
+  int status_ = 0;
   std::filesystem::path log_;
 };
 
