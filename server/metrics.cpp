@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <tuple>
 
 #include "engine/engine.h"
 
@@ -111,27 +112,24 @@ std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics
   metric(out, "counter", "pagellm:http_errors_total", "Requests answered with an error status.",
          labels, double(server.http_errors.load()));
 
-  out += "# HELP pagellm:time_to_first_token_seconds Time to first token.\n";
-  out += "# TYPE pagellm:time_to_first_token_seconds histogram\n";
-  server.time_to_first_token.render(out, "pagellm:time_to_first_token_seconds", labels);
-  out += "# HELP pagellm:time_per_output_token_seconds Mean time between a request's tokens.\n";
-  out += "# TYPE pagellm:time_per_output_token_seconds histogram\n";
-  server.time_per_output_token.render(out, "pagellm:time_per_output_token_seconds", labels);
-  out += "# HELP pagellm:request_queue_time_seconds Arrival to first scheduled.\n";
-  out += "# TYPE pagellm:request_queue_time_seconds histogram\n";
-  server.queue_time.render(out, "pagellm:request_queue_time_seconds", labels);
-  out += "# HELP pagellm:e2e_request_latency_seconds Arrival to last token.\n";
-  out += "# TYPE pagellm:e2e_request_latency_seconds histogram\n";
-  server.e2e_latency.render(out, "pagellm:e2e_request_latency_seconds", labels);
-  out += "# HELP pagellm:inter_token_latency_seconds Time between two tokens of a request.\n";
-  out += "# TYPE pagellm:inter_token_latency_seconds histogram\n";
-  server.inter_token_latency.render(out, "pagellm:inter_token_latency_seconds", labels);
-  out += "# HELP pagellm:request_prompt_tokens Prompt tokens of finished requests.\n";
-  out += "# TYPE pagellm:request_prompt_tokens histogram\n";
-  server.request_prompt_tokens.render(out, "pagellm:request_prompt_tokens", labels);
-  out += "# HELP pagellm:request_generation_tokens Generated tokens of finished requests.\n";
-  out += "# TYPE pagellm:request_generation_tokens histogram\n";
-  server.request_generation_tokens.render(out, "pagellm:request_generation_tokens", labels);
+  const std::tuple<const char*, const char*, const Histogram*> histograms[] = {
+      {"time_to_first_token_seconds", "Time to first token.", &server.time_to_first_token},
+      {"time_per_output_token_seconds", "Mean time between a request's tokens.",
+       &server.time_per_output_token},
+      {"request_queue_time_seconds", "Arrival to first scheduled.", &server.queue_time},
+      {"e2e_request_latency_seconds", "Arrival to last token.", &server.e2e_latency},
+      {"inter_token_latency_seconds", "Time between two tokens of a request.",
+       &server.inter_token_latency},
+      {"request_prompt_tokens", "Prompt tokens of finished requests.",
+       &server.request_prompt_tokens},
+      {"request_generation_tokens", "Generated tokens of finished requests.",
+       &server.request_generation_tokens},
+  };
+  for (const auto& [suffix, help, histogram] : histograms) {
+    const std::string name = std::string("pagellm:") + suffix;
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    histogram->render(out, name, labels);
+  }
   return out;
 }
 
