@@ -61,7 +61,7 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenize
       kv_(static_cast<int32_t>(kv_plan_.num_blocks), config_.enable_prefix_caching),
       scheduler_(config_.scheduler, kv_),
       seed_rng_(config_.seed ? *config_.seed : std::random_device{}()) {
-  publish_stats(/*refresh_block_map=*/true);
+  publish_stats(BlockMapRefresh::kNow);
   alive_ = true;
   thread_ = std::thread(&Engine::loop, this);
 }
@@ -166,7 +166,7 @@ void Engine::loop() {
       fail_all(std::string("internal error: ") + e.what());
     }
     // Idle now: the picture of the pool must show the final state.
-    publish_stats(/*refresh_block_map=*/!scheduler_.has_work());
+    publish_stats(scheduler_.has_work() ? BlockMapRefresh::kIfDue : BlockMapRefresh::kNow);
   }
 }
 
@@ -277,8 +277,10 @@ void Engine::finish(Request& r, const Sequence& seq, const std::string& error) {
       error.empty() ? ++finished_abort_ : ++failed_;
       break;
   }
-  // Stats first: a client that sees its end must see the blocks already returned.
-  publish_stats();
+  // Stats first: a client that sees its end must see the blocks already returned. The
+  // block map waits for the end of the step: redrawing it per finished request would put
+  // a pass over the pool in the step once for every request that ends in it.
+  publish_stats(BlockMapRefresh::kSkip);
   r.stream->push(std::move(chunk));
   requests_.erase(r.id);  // destroys r
 }
@@ -291,20 +293,22 @@ void Engine::fail_all(const std::string& error) {
     cancel(id, error);
 }
 
-void Engine::publish_stats(bool refresh_block_map) {
+void Engine::publish_stats(BlockMapRefresh block_map) {
   const double t = now();
   std::string map;
   // A small pool is drawn every time (microseconds); a large one at most every 200 ms of
   // work, plus once whenever the engine goes idle.
   const bool small_pool = kv_.pool().num_blocks() <= 16384;
-  if (refresh_block_map || small_pool || t - block_map_time_ > 0.2) {
+  const bool now_asked = block_map == BlockMapRefresh::kNow;
+  if (block_map != BlockMapRefresh::kSkip &&
+      (now_asked || small_pool || t - block_map_time_ > 0.2)) {
     const paging::BlockPool& pool = kv_.pool();
     map.resize(pool.num_blocks());
     for (paging::BlockId b = 0; b < pool.num_blocks(); ++b) {
       const int32_t refs = pool.ref_count(b);
       map[b] = refs > 1 ? 's' : refs == 1 ? 'u' : pool.is_cached(b) ? 'c' : '.';
     }
-    if (!refresh_block_map) block_map_time_ = t;
+    if (!now_asked) block_map_time_ = t;
   }
   std::lock_guard lock(stats_mutex_);
   if (!map.empty()) stats_.block_map.swap(map);

@@ -110,7 +110,10 @@ class Engine {
   void step();
   void finish(Request& r, const scheduler::Sequence& seq, const std::string& error);
   void fail_all(const std::string& error);
-  void publish_stats(bool refresh_block_map = false);
+  // What a stats snapshot redraws of the block map: when due (small pools every time,
+  // large ones every 200 ms), now, or nothing (counts only).
+  enum class BlockMapRefresh { kIfDue, kNow, kSkip };
+  void publish_stats(BlockMapRefresh block_map = BlockMapRefresh::kIfDue);
 
   std::unique_ptr<LlamaModel> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
