@@ -73,70 +73,21 @@ void Sampler::apply_penalties(std::vector<float>& logits) const {
   }
 }
 
-int32_t Sampler::draw(std::vector<float>& logits) {
-  const int32_t vocab = static_cast<int32_t>(logits.size());
-  // Candidates in a deterministic order: most likely first, ties by token id.
-  const float inv_t = 1.0f / params_.temperature;
-  float max_logit = -std::numeric_limits<float>::infinity();
-  for (float& x : logits) {
-    x *= inv_t;
-    max_logit = std::max(max_logit, x);
-  }
-  // Probabilities up to a common factor.
-  for (float& x : logits)
-    x = std::exp(x - max_logit);
+double Sampler::next_uniform() {
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+}
 
-  order_.resize(vocab);
-  std::iota(order_.begin(), order_.end(), 0);
-  auto more_likely = [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  };
-  int32_t count = vocab;
-  if (params_.min_p > 0.0f) {
-    // The largest weight is exp(0) = 1, so the threshold is min_p itself.
-    const float threshold = params_.min_p;
-    count = static_cast<int32_t>(std::partition(order_.begin(), order_.end(),
-                                                [&](int32_t t) { return logits[t] >= threshold; }) -
-                                 order_.begin());
-  }
-  if (params_.top_k > 0 && params_.top_k < count) {
-    std::nth_element(order_.begin(), order_.begin() + params_.top_k, order_.begin() + count,
-                     more_likely);
-    count = params_.top_k;
-  }
-  if (params_.top_p < 1.0f) {
-    // Sort a growing head of the candidates until it holds top_p of the mass.
-    double total = 0.0;
-    for (int32_t i = 0; i < count; ++i)
-      total += logits[order_[i]];
-    const double target = params_.top_p * total;
-    int32_t sorted = 0;
-    for (int32_t head = std::min(count, 64);; head = std::min(count, head * 4)) {
-      std::partial_sort(order_.begin() + sorted, order_.begin() + head, order_.begin() + count,
-                        more_likely);
-      sorted = head;
-      double mass = 0.0;
-      int32_t keep = 0;
-      while (keep < sorted && mass < target)
-        mass += logits[order_[keep++]];
-      if (mass >= target || sorted == count) {
-        count = std::max(keep, 1);
-        break;
-      }
-    }
-  } else {
-    std::sort(order_.begin(), order_.begin() + count, more_likely);
-  }
-  double total = 0.0;
-  for (int32_t i = 0; i < count; ++i)
-    total += logits[order_[i]];
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) * total;
-  double cumulative = 0.0;
-  for (int32_t i = 0; i < count; ++i) {
-    cumulative += logits[order_[i]];
-    if (u < cumulative) return order_[i];
-  }
-  return order_[count - 1];
+int32_t Sampler::draw(const std::vector<float>& logits) {
+  // Temperature, min-p, top-k, top-p and the draw are the CPU sampling kernel's (one
+  // piece of code with the reference of the CUDA kernel); the request's generator gives
+  // the uniform draw.
+  const double u = next_uniform();
+  const kernels::cpu::SamplingRows row{&params_.temperature, &params_.top_k, &params_.top_p,
+                                       &params_.min_p, &u};
+  int32_t token = 0;
+  kernels::cpu::sample_top_k_top_p(logits.data(), 1, static_cast<int64_t>(logits.size()), row,
+                                   &token, &sampling_scratch_);
+  return token;
 }
 
 SampledToken Sampler::sample(std::span<const float> logits) {

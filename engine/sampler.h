@@ -17,6 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/cpu/kernels.h"
 #include "scheduler/sampling_params.h"
 
 namespace pagellm::engine {
@@ -43,16 +44,21 @@ class Sampler {
   // Records a token chosen elsewhere (e.g. replayed after preemption) for the penalties.
   void observe(int32_t token);
 
+  // The random number the next draw would use, taken now, for a draw made elsewhere
+  // with the same kernel (a backend sampling where the logits are). Then observe() the
+  // token it chose.
+  double next_uniform();
+
  private:
   void apply_penalties(std::vector<float>& logits) const;
-  int32_t draw(std::vector<float>& logits);
+  int32_t draw(const std::vector<float>& logits);
 
   scheduler::SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_set<int32_t> prompt_tokens_;
   std::unordered_map<int32_t, int32_t> output_counts_;
   std::vector<float> scratch_;
-  std::vector<int32_t> order_;
+  kernels::cpu::SamplingScratch sampling_scratch_;
 };
 
 // log-softmax of `logits` into `out` (both [vocab]), in float32 with a double sum.

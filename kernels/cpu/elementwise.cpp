@@ -166,8 +166,12 @@ void argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out) {
 #pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = logits + r * vocab;
+    // The first maximum; NaN never wins (a row of NaN gives 0).
     int64_t best = 0;
-    for (int64_t i = 1; i < vocab; ++i)
+    while (best + 1 < vocab && std::isnan(row[best]))
+      ++best;
+    if (std::isnan(row[best])) best = 0;
+    for (int64_t i = best + 1; i < vocab; ++i)
       if (row[i] > row[best]) best = i;
     out[r] = static_cast<int32_t>(best);
   }

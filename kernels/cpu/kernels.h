@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -159,9 +160,39 @@ void paged_attention_decode(const float* q,  // [num_seqs, num_q_heads, head_dim
                             int num_q_heads, float scale,
                             float* out);  // [num_seqs, num_q_heads, head_dim]
 
-// Index of the largest value of each row (the first one on ties).
+// Index of the largest value of each row (the first one on ties; NaN never wins).
 void argmax(const float* logits,  // [rows, vocab]
             int64_t rows, int64_t vocab,
             int32_t* out);  // [rows]
+
+// Per-row sampling parameters of sample_top_k_top_p (host arrays), as kernels/cuda's
+// SamplingRows; the draw is a double here, as engine/Sampler makes it.
+struct SamplingRows {
+  const float* temperature;  // [rows] > 0
+  const int32_t* top_k;      // [rows] 0 or >= vocab: no limit
+  const float* top_p;        // [rows] in (0, 1]; 1: no limit
+  const float* min_p;        // [rows] in [0, 1]; 0: no limit
+  const double* uniform;     // [rows] in [0, 1): the row's random draw
+};
+
+// Buffers sample_top_k_top_p reuses from call to call, so that a caller sampling token
+// after token (engine/Sampler) allocates once.
+struct SamplingScratch {
+  std::vector<float> weights;  // [vocab]
+  std::vector<int32_t> order;  // [vocab]
+};
+
+// Samples one token per row: engine/Sampler's draw after its penalties (Sampler calls
+// this), and the reference of the CUDA kernel. Weights w = exp(logits * (1 / temperature)
+// - max) in float32; min-p keeps w >= min_p (the largest weight is 1); top-k keeps the k
+// most likely (ties by lower token id); top-p keeps the shortest prefix, most likely
+// first, whose mass reaches top_p of the kept mass (at least one token); then the first
+// token, most likely first (ties by lower id), where the running sum of kept weights
+// exceeds uniform * (kept mass), or the last kept token if none does. Masses are summed
+// in double. `scratch` may be nullptr (the call then allocates its own).
+void sample_top_k_top_p(const float* logits,  // [rows, vocab]
+                        int64_t rows, int64_t vocab, const SamplingRows& params,
+                        int32_t* out,  // [rows]
+                        SamplingScratch* scratch = nullptr);
 
 }  // namespace pagellm::kernels::cpu

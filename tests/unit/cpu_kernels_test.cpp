@@ -1,5 +1,5 @@
 // CPU kernels other than attention: matmul, norms, rope, SiLU, embedding, KV writes,
-// argmax. Where kernels.h promises an exact result (matmul vs matmul_reference, SIMD vs
+// argmax, sampling. Where kernels.h promises an exact result (matmul vs matmul_reference, SIMD vs
 // portable path, thread count, a row alone vs in a batch) the test compares bits; against
 // a double-precision reference it uses a tolerance derived from float32 rounding.
 
@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -459,6 +461,228 @@ TEST(CpuKvCache, CopyBlocksCopiesKeysAndValues) {
       ASSERT_EQ(vc[b * block + i], v0[from * block + i]);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// sample_top_k_top_p
+
+struct SampleCase {
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+};
+
+int32_t sample_one(const std::vector<float>& logits, SampleCase c, double u) {
+  const SamplingRows rows{&c.temperature, &c.top_k, &c.top_p, &c.min_p, &u};
+  int32_t out = -1;
+  sample_top_k_top_p(logits.data(), 1, static_cast<int64_t>(logits.size()), rows, &out);
+  return out;
+}
+
+// The tokens drawn over a fine grid of uniform draws: the kept set.
+std::set<int32_t> kept_tokens(const std::vector<float>& logits, SampleCase c) {
+  std::set<int32_t> seen;
+  for (int s = 0; s < 2000; ++s)
+    seen.insert(sample_one(logits, c, (s + 0.5) / 2000));
+  return seen;
+}
+
+std::vector<float> log_of(const std::vector<double>& weights) {
+  std::vector<float> out;
+  for (double w : weights)
+    out.push_back(static_cast<float>(std::log(w)));
+  return out;
+}
+
+TEST(CpuSample, TopKKeepsExactlyKWithTiesByLowerId) {
+  // Token 6 is the most likely, then four tokens tied at e^-1 (ids 1, 2, 4, 5).
+  const std::vector<float> logits = {0.f, 2.f, 2.f, 1.f, 2.f, 2.f, 3.f, -1.f};
+  auto with_k = [&](int32_t k) {
+    SampleCase c;
+    c.top_k = k;
+    return kept_tokens(logits, c);
+  };
+  EXPECT_EQ(with_k(1), (std::set<int32_t>{6}));
+  EXPECT_EQ(with_k(2), (std::set<int32_t>{6, 1}));
+  EXPECT_EQ(with_k(3), (std::set<int32_t>{6, 1, 2}));
+  EXPECT_EQ(with_k(5), (std::set<int32_t>{6, 1, 2, 4, 5}));
+  EXPECT_EQ(with_k(6), (std::set<int32_t>{6, 1, 2, 4, 5, 3}));
+  EXPECT_EQ(with_k(8).size(), 8u);  // k == vocab: no limit
+  EXPECT_EQ(with_k(0).size(), 8u);
+  // Within the kept set, most likely first, ties by id: masses 1, e^-1, e^-1 of
+  // 1 + 2/e = 1.7358, so token 6 below u = 0.576, token 1 below 0.788, then token 2.
+  SampleCase c;
+  c.top_k = 3;
+  EXPECT_EQ(sample_one(logits, c, 0.0), 6);
+  EXPECT_EQ(sample_one(logits, c, 0.57), 6);
+  EXPECT_EQ(sample_one(logits, c, 0.58), 1);
+  EXPECT_EQ(sample_one(logits, c, 0.78), 1);
+  EXPECT_EQ(sample_one(logits, c, 0.79), 2);
+}
+
+TEST(CpuSample, TopPKeepsTheShortestPrefixReachingTheMass) {
+  // Weights 1, 0.75, 0.5, 0.25 (total 2.5): prefixes hold 1, 1.75, 2.25, 2.5.
+  const std::vector<float> logits = log_of({1.0, 0.75, 0.5, 0.25});
+  auto with_p = [&](float p) {
+    SampleCase c;
+    c.top_p = p;
+    return kept_tokens(logits, c);
+  };
+  EXPECT_EQ(with_p(0.69f), (std::set<int32_t>{0, 1}));     // 1.725 <= 1.75
+  EXPECT_EQ(with_p(0.71f), (std::set<int32_t>{0, 1, 2}));  // 1.775 > 1.75
+  EXPECT_EQ(with_p(0.39f), (std::set<int32_t>{0}));        // 0.975 <= 1
+  EXPECT_EQ(with_p(0.41f), (std::set<int32_t>{0, 1}));     // 1.025 > 1
+  EXPECT_EQ(with_p(1e-6f), (std::set<int32_t>{0}));        // at least one token
+  EXPECT_EQ(with_p(0.91f), (std::set<int32_t>{0, 1, 2, 3}));
+  // Ties at the cut: weights 1, 0.5, 0.5, 0.25; 0.55 * 2.25 = 1.2375 takes one of the
+  // tied tokens, the lower id.
+  const std::vector<float> tied = log_of({0.5, 1.0, 0.5, 0.25});
+  SampleCase c;
+  c.top_p = 0.55f;
+  EXPECT_EQ(kept_tokens(tied, c), (std::set<int32_t>{1, 0}));
+  // top-p over what top-k kept: 0.7 of (1 + 0.75) = 1.225 needs both.
+  SampleCase ck;
+  ck.top_k = 2;
+  ck.top_p = 0.7f;
+  EXPECT_EQ(kept_tokens(logits, ck), (std::set<int32_t>{0, 1}));
+  ck.top_p = 0.5f;  // 0.875 <= 1
+  EXPECT_EQ(kept_tokens(logits, ck), (std::set<int32_t>{0}));
+}
+
+TEST(CpuSample, MinPKeepsWeightsAboveMinPOfTheLargest) {
+  const std::vector<float> logits = log_of({0.25, 1.0, 0.5, 0.75});
+  auto with_min_p = [&](float m, int32_t k = 0) {
+    SampleCase c;
+    c.min_p = m;
+    c.top_k = k;
+    return kept_tokens(logits, c);
+  };
+  EXPECT_EQ(with_min_p(0.6f), (std::set<int32_t>{1, 3}));
+  EXPECT_EQ(with_min_p(0.3f), (std::set<int32_t>{1, 3, 2}));
+  EXPECT_EQ(with_min_p(0.0f).size(), 4u);
+  EXPECT_EQ(with_min_p(1.0f), (std::set<int32_t>{1}));  // the largest weight is exactly 1
+  EXPECT_EQ(with_min_p(0.3f, 2), (std::set<int32_t>{1, 3}));
+  EXPECT_EQ(with_min_p(0.6f, 3), (std::set<int32_t>{1, 3}));  // k above the count: no-op
+}
+
+TEST(CpuSample, UniformNearZeroAndNearOne) {
+  // Two tokens tie for the top (1 and 2), two for the bottom (3 and 5).
+  const std::vector<float> logits = {1.f, 3.f, 3.f, -2.f, 0.5f, -2.f};
+  const SampleCase all;
+  for (double u : {0.0, 1e-15, 1e-9})
+    EXPECT_EQ(sample_one(logits, all, u), 1) << u;  // the most likely, lower id
+  for (double u : {1.0 - 1e-9, 1.0 - 1e-15, std::nextafter(1.0, 0.0)})
+    EXPECT_EQ(sample_one(logits, all, u), 5) << u;  // the least likely, higher id
+  // A draw of 1 itself (outside the contract) leaves no token above it: the last kept.
+  EXPECT_EQ(sample_one(logits, all, 1.0), 5);
+  SampleCase k3;
+  k3.top_k = 3;
+  EXPECT_EQ(sample_one(logits, k3, 0.0), 1);
+  EXPECT_EQ(sample_one(logits, k3, 1.0 - 1e-12), 0);
+  // A very low temperature leaves the largest logit all the mass (the others' weights
+  // underflow to 0), whatever the draw.
+  const std::vector<float> distinct = {1.f, 3.f, 2.5f, -2.f, 0.5f, -2.f};
+  SampleCase cold;
+  cold.temperature = 1e-3f;
+  for (double u : {0.0, 0.5, 1.0 - 1e-12})
+    EXPECT_EQ(sample_one(distinct, cold, u), 1) << u;
+}
+
+// An independent reference: sort the whole vocabulary, then cut and draw.
+int32_t sample_by_full_sort(const std::vector<float>& logits, SampleCase c, double u,
+                            bool* near_boundary) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  const float inv_t = 1.0f / c.temperature;
+  std::vector<float> w(vocab);
+  float max_s = -INFINITY;
+  for (int32_t i = 0; i < vocab; ++i)
+    max_s = std::max(max_s, w[i] = logits[i] * inv_t);
+  for (float& x : w)
+    x = std::exp(x - max_s);
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; });
+  int32_t count = vocab;
+  if (c.min_p > 0) count = std::count_if(w.begin(), w.end(), [&](float x) { return x >= c.min_p; });
+  if (c.top_k > 0) count = std::min(count, c.top_k);
+  // Sums in this order differ from the kernel's by rounding: a draw within 1e-9 of a
+  // boundary may go either way.
+  auto near = [](double a, double b) {
+    return std::abs(a - b) <= 1e-9 * std::max(1.0, std::abs(b));
+  };
+  if (c.top_p < 1.0f) {
+    double total = 0;
+    for (int32_t i = 0; i < count; ++i)
+      total += w[order[i]];
+    const double target = c.top_p * total;
+    double mass = 0;
+    int32_t keep = 0;
+    while (keep < count && mass < target) {
+      mass += w[order[keep++]];
+      if (near(mass, target)) *near_boundary = true;
+    }
+    count = std::max(keep, 1);
+  }
+  double total = 0;
+  for (int32_t i = 0; i < count; ++i)
+    total += w[order[i]];
+  double cumulative = 0;
+  for (int32_t i = 0; i < count; ++i) {
+    cumulative += w[order[i]];
+    if (near(cumulative, u * total)) *near_boundary = true;
+    if (u * total < cumulative) return order[i];
+  }
+  return order[count - 1];
+}
+
+TEST(CpuSample, MatchesAFullSortOnRandomRowsAndBatchesRowByRow) {
+  std::mt19937 rng(2024);
+  const std::vector<SampleCase> cases = {
+      {1.0f, 0, 1.0f, 0.0f},  {0.7f, 50, 1.0f, 0.0f},   {1.0f, 0, 0.9f, 0.0f},
+      {1.3f, 0, 1.0f, 0.05f}, {0.8f, 40, 0.95f, 0.02f}, {1e-3f, 0, 1.0f, 0.0f},
+      {1.0f, 1, 1.0f, 0.0f},  {2.0f, 200, 0.5f, 0.0f},  {1.0f, 3000, 0.99f, 0.1f}};
+  int clear = 0;
+  for (int64_t vocab : {1, 7, 64, 1000, 5000}) {
+    std::vector<float> logits(cases.size() * 8 * vocab);
+    std::vector<float> temperature, top_p, min_p;
+    std::vector<int32_t> top_k;
+    std::vector<double> uniform;
+    for (size_t r = 0; r < cases.size() * 8; ++r) {
+      const SampleCase& c = cases[r % cases.size()];
+      // Half the rows on a coarse grid of values: many exact ties.
+      const bool grid = r % 2 == 1;
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      for (int64_t i = 0; i < vocab; ++i) {
+        const float x = normal(rng);
+        logits[r * vocab + i] = grid ? std::round(x * 2.0f) / 2.0f : x;
+      }
+      temperature.push_back(c.temperature);
+      top_k.push_back(c.top_k);
+      top_p.push_back(c.top_p);
+      min_p.push_back(c.min_p);
+      uniform.push_back(std::uniform_real_distribution<double>(0.0, 1.0)(rng));
+    }
+    const int64_t rows = static_cast<int64_t>(uniform.size());
+    std::vector<int32_t> batch(rows, -1);
+    const SamplingRows params{temperature.data(), top_k.data(), top_p.data(), min_p.data(),
+                              uniform.data()};
+    SamplingScratch scratch;
+    sample_top_k_top_p(logits.data(), rows, vocab, params, batch.data(), &scratch);
+    for (int64_t r = 0; r < rows; ++r) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + " row " + std::to_string(r));
+      const std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+      const SampleCase c{temperature[r], top_k[r], top_p[r], min_p[r]};
+      EXPECT_EQ(sample_one(row, c, uniform[r]), batch[r]) << "alone vs in a batch";
+      bool near_boundary = false;
+      const int32_t expected = sample_by_full_sort(row, c, uniform[r], &near_boundary);
+      if (near_boundary) continue;
+      ++clear;
+      EXPECT_EQ(batch[r], expected);
+    }
+  }
+  EXPECT_GT(clear, 300);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -151,6 +152,29 @@ TEST(Sampler, LogprobsAreTheModelsLogSoftmax) {
   EXPECT_EQ(t.top[0].token, 1);
   EXPECT_NEAR(t.top[0].logprob, 2.0 - z, 1e-6);
   EXPECT_EQ(t.top[1].token, 0);
+}
+
+TEST(Sampler, DrawIsTheCpuKernelWithTheRequestsUniformDraws) {
+  // Without penalties, a sampled token is kernels::cpu::sample_top_k_top_p of the raw
+  // logits with the next uniform draw of the request's generator (seeded mt19937_64).
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 20;
+  p.top_p = 0.9f;
+  p.min_p = 0.02f;
+  p.seed = 42;
+  std::vector<float> logits(500);
+  for (int i = 0; i < 500; ++i)
+    logits[i] = 3.0f * std::sin(i * 0.91f);
+  Sampler s(p, {}, 0);
+  std::mt19937_64 rng(42);
+  for (int step = 0; step < 200; ++step) {
+    const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    const kernels::cpu::SamplingRows row{&p.temperature, &p.top_k, &p.top_p, &p.min_p, &u};
+    int32_t expected = -1;
+    kernels::cpu::sample_top_k_top_p(logits.data(), 1, 500, row, &expected);
+    EXPECT_EQ(s.sample(logits).token, expected) << "step " << step;
+  }
 }
 
 }  // namespace

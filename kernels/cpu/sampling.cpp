@@ -1,0 +1,93 @@
+// Top-k / top-p / min-p sampling of one token per row: the arithmetic of engine/Sampler's
+// draw, and the reference the CUDA kernel is tested against.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "kernels/cpu/kernels.h"
+
+namespace pagellm::kernels::cpu {
+namespace {
+
+int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_t top_k,
+                   float top_p, float min_p, double uniform, SamplingScratch& scratch) {
+  std::vector<float>& w = scratch.weights;
+  std::vector<int32_t>& order = scratch.order;
+  w.resize(vocab);
+  // Weights up to a common factor: exp(x / T - max), the largest exactly 1.
+  const float inv_t = 1.0f / temperature;
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (int32_t i = 0; i < vocab; ++i) {
+    w[i] = logits[i] * inv_t;
+    max_logit = std::max(max_logit, w[i]);
+  }
+  for (int32_t i = 0; i < vocab; ++i)
+    w[i] = std::exp(w[i] - max_logit);
+
+  // Candidates in a deterministic order: most likely first, ties by token id.
+  order.resize(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  auto more_likely = [&](int32_t a, int32_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; };
+  int32_t count = vocab;
+  if (min_p > 0.0f) {
+    // The largest weight is exp(0) = 1, so the threshold is min_p itself.
+    const float threshold = min_p;
+    count = static_cast<int32_t>(
+        std::partition(order.begin(), order.end(), [&](int32_t t) { return w[t] >= threshold; }) -
+        order.begin());
+  }
+  if (top_k > 0 && top_k < count) {
+    std::nth_element(order.begin(), order.begin() + top_k, order.begin() + count, more_likely);
+    count = top_k;
+  }
+  if (top_p < 1.0f) {
+    // Sort a growing head of the candidates until it holds top_p of the mass.
+    double total = 0.0;
+    for (int32_t i = 0; i < count; ++i)
+      total += w[order[i]];
+    const double target = top_p * total;
+    int32_t sorted = 0;
+    for (int32_t head = std::min(count, 64);; head = std::min(count, head * 4)) {
+      std::partial_sort(order.begin() + sorted, order.begin() + head, order.begin() + count,
+                        more_likely);
+      sorted = head;
+      double mass = 0.0;
+      int32_t keep = 0;
+      while (keep < sorted && mass < target)
+        mass += w[order[keep++]];
+      if (mass >= target || sorted == count) {
+        count = std::max(keep, 1);
+        break;
+      }
+    }
+  } else {
+    std::sort(order.begin(), order.begin() + count, more_likely);
+  }
+  double total = 0.0;
+  for (int32_t i = 0; i < count; ++i)
+    total += w[order[i]];
+  const double u = uniform * total;
+  double cumulative = 0.0;
+  for (int32_t i = 0; i < count; ++i) {
+    cumulative += w[order[i]];
+    if (u < cumulative) return order[i];
+  }
+  return order[count - 1];
+}
+
+}  // namespace
+
+void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab,
+                        const SamplingRows& params, int32_t* out, SamplingScratch* scratch) {
+  SamplingScratch local;
+  SamplingScratch& s = scratch != nullptr ? *scratch : local;
+  // Rows one after another: one scratch, and a row is a single sequence's token anyway.
+  for (int64_t r = 0; r < rows; ++r) {
+    out[r] = sample_row(logits + r * vocab, static_cast<int32_t>(vocab), params.temperature[r],
+                        params.top_k[r], params.top_p[r], params.min_p[r], params.uniform[r], s);
+  }
+}
+
+}  // namespace pagellm::kernels::cpu
