@@ -36,6 +36,13 @@ struct Engine::Request {
 
 namespace {
 
+// No penalties and no logprobs: the token is the argmax (greedy) or the sampling
+// kernel's draw, which the backend computes where the logits are.
+bool plain_draw(const scheduler::SamplingParams& p) {
+  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && !p.logprobs && p.top_logprobs == 0;
+}
+
 EngineConfig resolve(EngineConfig config, const ModelConfig& model) {
   if (config.scheduler.max_model_len <= 0) {
     config.scheduler.max_model_len = static_cast<int32_t>(model.max_position_embeddings);
@@ -52,15 +59,19 @@ double Engine::now() {
 
 Engine::Engine(std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer,
                EngineConfig config)
-    : model_(std::move(model)),
+    : Engine(make_cpu_backend(std::move(model)), std::move(tokenizer), std::move(config)) {}
+
+Engine::Engine(std::unique_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
+               EngineConfig config)
+    : backend_(std::move(backend)),
       tokenizer_(std::move(tokenizer)),
-      config_(resolve(std::move(config), model_->config())),
-      kv_plan_(plan_kv_pool(model_->config(), default_kv_dtype(model_->config()),
+      config_(resolve(std::move(config), backend_->config())),
+      kv_plan_(plan_kv_pool(backend_->config(), default_kv_dtype(backend_->config()),
                             config_.num_kv_blocks, std::nullopt)),
-      memory_(model_->config(), kv_plan_.num_blocks, kv_plan_.dtype),
       kv_(static_cast<int32_t>(kv_plan_.num_blocks), config_.enable_prefix_caching),
       scheduler_(config_.scheduler, kv_),
       seed_rng_(config_.seed ? *config_.seed : std::random_device{}()) {
+  backend_->allocate_kv_cache(kv_plan_.num_blocks, kv_plan_.dtype);
   publish_stats(BlockMapRefresh::kNow);
   alive_ = true;
   thread_ = std::thread(&Engine::loop, this);
@@ -80,10 +91,10 @@ SubmitResult Engine::submit(GenerationRequest request) {
     return result;
   }
   for (int32_t id : request.prompt) {
-    if (id < 0 || id >= model_->config().vocab_size) {
+    if (id < 0 || id >= backend_->config().vocab_size) {
       result.status = scheduler::AddStatus::kInvalid;
       result.message = "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                       std::to_string(model_->config().vocab_size) + ")";
+                       std::to_string(backend_->config().vocab_size) + ")";
       return result;
     }
   }
@@ -181,7 +192,7 @@ void Engine::admit(std::vector<Submitted>& incoming) {
     seq->params = s.request.params;
     seq->priority = s.request.priority;
     seq->cache_salt = paging::cache_salt_key(s.request.cache_salt);
-    for (int64_t eos : model_->config().eos_token_ids) {
+    for (int64_t eos : backend_->config().eos_token_ids) {
       seq->eos_token_ids.push_back(static_cast<int32_t>(eos));
     }
     auto request = std::make_unique<Request>(s.id, std::move(s.stream), std::move(s.request), seed,
@@ -216,17 +227,42 @@ void Engine::step() {
         {s.seq->id, s.seq->tokens, s.seq->num_computed, s.num_new_tokens, s.wants_logits});
   }
   build_forward_batch(chunks_, kv_, batch.block_copies, batch_);
-  model_->forward(batch_, memory_, logits_);
+  // A row whose request has no penalties and wants no logprobs needs only its argmax
+  // (greedy) or a draw the backend makes with the request's own random number: its
+  // logits can stay on the device. Only the others are sampled here.
+  batch_.host_logits.clear();
+  batch_.sampling.clear();
+  bool backend_samples = false;
+  for (const scheduler::ScheduledSeq& s : batch.seqs) {
+    if (!s.wants_logits) continue;
+    const scheduler::SamplingParams& p = s.seq->params;
+    RowSampling row;
+    if (plain_draw(p) && !p.greedy()) {
+      row = {p.temperature, p.top_k, p.top_p, p.min_p,
+             requests_.at(static_cast<uint64_t>(s.seq->id))->sampler.next_uniform()};
+      backend_samples = true;
+    }
+    batch_.host_logits.push_back(plain_draw(p) ? 0 : 1);
+    batch_.sampling.push_back(row);
+  }
+  if (!backend_samples) batch_.sampling.clear();
+  backend_->forward(batch_, output_);
 
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = backend_->config().vocab_size;
   sampled_ids_.clear();
   sampled_.clear();
   size_t row = 0;
   for (const scheduler::ScheduledSeq& s : batch.seqs) {
     if (!s.wants_logits) continue;
     Request& r = *requests_.at(static_cast<uint64_t>(s.seq->id));
-    const std::span<const float> logits(logits_.data() + row++ * vocab, vocab);
-    SampledToken token = r.sampler.sample(logits);
+    SampledToken token;
+    if (batch_.host_logits[row]) {
+      token = r.sampler.sample(std::span<const float>(output_.logits.data() + row * vocab, vocab));
+    } else {
+      token.token = batch_.sampling.empty() ? output_.argmax[row] : output_.sampled[row];
+      r.sampler.observe(token.token);
+    }
+    ++row;
     sampled_ids_.push_back(token.token);
     sampled_.push_back({&r, std::move(token)});
   }

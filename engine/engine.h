@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/forward_batch_builder.h"
 #include "engine/kv_cache_memory.h"
 #include "engine/llama_model.h"
@@ -73,7 +74,10 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Allocates the KV pool and starts the engine thread.
+  // Allocates the KV pool on the backend and starts the engine thread.
+  Engine(std::unique_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
+         EngineConfig config);
+  // The same on the CPU backend.
   Engine(std::unique_ptr<LlamaModel> model, std::shared_ptr<const Tokenizer> tokenizer,
          EngineConfig config);
   ~Engine();  // stop()
@@ -90,7 +94,8 @@ class Engine {
 
   EngineStats stats() const;
   bool alive() const { return alive_.load(); }
-  const ModelConfig& model_config() const { return model_->config(); }
+  const ModelConfig& model_config() const { return backend_->config(); }
+  const Backend& backend() const { return *backend_; }
   const EngineConfig& config() const { return config_; }
   const KVPoolPlan& kv_plan() const { return kv_plan_; }
   // Seconds on the engine's monotonic clock (the clock of every request time).
@@ -115,11 +120,10 @@ class Engine {
   enum class BlockMapRefresh { kIfDue, kNow, kSkip };
   void publish_stats(BlockMapRefresh block_map = BlockMapRefresh::kIfDue);
 
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Backend> backend_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   EngineConfig config_;
   KVPoolPlan kv_plan_;
-  KVCacheMemory memory_;
   paging::KVCacheManager kv_;
   scheduler::Scheduler scheduler_;
 
@@ -137,7 +141,7 @@ class Engine {
   std::mt19937_64 seed_rng_;
   std::vector<ScheduledChunk> chunks_;
   ForwardBatch batch_;
-  std::vector<float> logits_;
+  ForwardOutput output_;
   std::vector<int32_t> sampled_ids_;
   std::vector<std::pair<Request*, SampledToken>> sampled_;
   int64_t finished_stop_ = 0, finished_length_ = 0, finished_abort_ = 0, failed_ = 0;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/forward_batch.h"
 #include "engine/kv_cache_memory.h"
 #include "engine/model_config.h"
 #include "engine/model_weights.h"
@@ -14,23 +15,6 @@
 #include "kernels/cpu/kernels.h"
 
 namespace pagellm::engine {
-
-// One step's work, flattened: the new tokens of every scheduled sequence, in order.
-struct ForwardBatch {
-  std::vector<int32_t> token_ids;     // [num_tokens]
-  std::vector<int32_t> positions;     // [num_tokens]
-  std::vector<int64_t> slots;         // [num_tokens] KV slot of each new token
-  std::vector<int32_t> query_start;   // [num_seqs + 1]
-  std::vector<int32_t> context_lens;  // [num_seqs] cached tokens after this step
-  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], -1 padded
-  int32_t max_blocks_per_seq = 0;
-  std::vector<int32_t> logit_rows;  // token rows whose next-token logits are wanted
-  std::vector<int32_t> copy_src;    // blocks to copy before the pass (copy-on-write)
-  std::vector<int32_t> copy_dst;
-
-  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
-  int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
-};
 
 class LlamaModel {
  public:

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "engine/backend.h"
 #include "engine/demo_model.h"
 #include "engine/engine.h"
 #include "engine/kv_cache_memory.h"
@@ -41,10 +42,14 @@ constexpr const char* kUsage =
     "                              given on the command line override it\n"
     "  --host ADDR                 address to listen on (default 127.0.0.1)\n"
     "  --port N                    port (default 8000; 0 picks a free one)\n"
-    "  --backend auto|cpu          compute backend (default auto: the CPU in this build)\n"
+    "  --backend auto|cpu|cuda     compute backend (default auto: CUDA when this build\n"
+    "                              has it and a GPU is present, else the CPU)\n"
     "  --num-kv-blocks N           KV cache size in 16-token blocks, or\n"
-    "  --kv-cache-bytes B          KV cache size in bytes (default: 1 GiB, or less when\n"
-    "                              max-num-seqs full contexts need less)\n"
+    "  --kv-cache-bytes B          KV cache size in bytes (default on the CPU: 1 GiB, or\n"
+    "                              less when max-num-seqs full contexts need less; on a\n"
+    "                              GPU: --gpu-memory-utilization of its free memory)\n"
+    "  --gpu-memory-utilization F  share of the GPU's free memory (after the weights)\n"
+    "                              the KV cache may take (default 0.9)\n"
     "  --max-num-seqs N            sequences in one batch (default 256)\n"
     "  --max-num-batched-tokens N  tokens in one forward pass (default 2048)\n"
     "  --max-model-len N           context window (default: the model's)\n"
@@ -67,6 +72,7 @@ const std::vector<std::string> kOptions = {"--model",
                                            "--backend",
                                            "--num-kv-blocks",
                                            "--kv-cache-bytes",
+                                           "--gpu-memory-utilization",
                                            "--max-num-seqs",
                                            "--max-num-batched-tokens",
                                            "--max-model-len",
@@ -85,6 +91,7 @@ struct ServeOptions {
   std::string backend = "auto";
   std::optional<int64_t> num_kv_blocks;
   std::optional<int64_t> kv_cache_bytes;
+  double gpu_memory_utilization = 0.9;
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 0;
@@ -198,11 +205,24 @@ ServeOptions parse_options(const ArgReader& reader) {
   if (auto v = get("--shutdown-timeout")) {
     o.shutdown_timeout = static_cast<double>(parse_int("--shutdown-timeout", *v, 0, 24 * 3600));
   }
-  if (o.backend == "cuda") {
-    throw UsageError("--backend cuda: this build has no CUDA support (rebuild with CUDA)");
+  if (auto v = get("--gpu-memory-utilization")) {
+    size_t used = 0;
+    double f = 0;
+    try {
+      f = std::stod(*v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != v->size() || !(f > 0 && f <= 1)) {
+      throw UsageError("--gpu-memory-utilization must be a number in (0, 1], not '" + *v + "'");
+    }
+    o.gpu_memory_utilization = f;
   }
-  if (o.backend != "auto" && o.backend != "cpu") {
-    throw UsageError("--backend must be auto or cpu, not '" + o.backend + "'");
+  if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda") {
+    throw UsageError("--backend must be auto, cpu or cuda, not '" + o.backend + "'");
+  }
+  if (o.backend == "cuda" && !engine::cuda_backend_built()) {
+    throw UsageError("--backend cuda: this build has no CUDA support (build where nvcc is)");
   }
   const auto level = spdlog::level::from_str(o.log_level);
   if (level == spdlog::level::off && o.log_level != "off") {
@@ -284,7 +304,13 @@ int run_serve(Args args) {
         o.model.empty() ? demo_model_dir() : std::filesystem::path(o.model);
     auto tokenizer =
         std::make_shared<const engine::Tokenizer>(engine::Tokenizer::from_dir(model_dir));
-    auto model = engine::LlamaModel::load(model_dir);
+    engine::BackendOptions backend_options;
+    backend_options.kind = o.backend;
+    backend_options.max_num_seqs = o.max_num_seqs;
+    backend_options.max_num_batched_tokens = o.max_num_batched_tokens;
+    backend_options.max_model_len = o.max_model_len;
+    auto backend = engine::load_backend(model_dir, backend_options);
+    spdlog::info("backend {}: {}", backend->name(), backend->device_description());
     engine::EngineConfig config;
     config.scheduler.max_num_seqs = o.max_num_seqs;
     config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -293,7 +319,7 @@ int run_serve(Args args) {
     config.scheduler.policy = o.scheduling_policy == "priority"
                                   ? scheduler::SchedulingPolicy::kPriority
                                   : scheduler::SchedulingPolicy::kFcfs;
-    const engine::ModelConfig& mc = model->config();
+    const engine::ModelConfig& mc = backend->config();
     if (o.max_model_len > mc.max_position_embeddings) {
       throw std::runtime_error("--max-model-len " + std::to_string(o.max_model_len) +
                                " is over the model's max_position_embeddings (" +
@@ -304,10 +330,12 @@ int run_serve(Args args) {
     } else if (o.kv_cache_bytes) {
       config.num_kv_blocks =
           engine::kv_blocks_for_bytes(mc, engine::default_kv_dtype(mc), *o.kv_cache_bytes);
+    } else if (auto budget = backend->kv_cache_budget(o.gpu_memory_utilization)) {
+      config.num_kv_blocks = engine::kv_blocks_for_bytes(mc, engine::default_kv_dtype(mc), *budget);
     } else {
       config.num_kv_blocks = default_kv_blocks(mc, o);
     }
-    engine = std::make_unique<engine::Engine>(std::move(model), tokenizer, config);
+    engine = std::make_unique<engine::Engine>(std::move(backend), tokenizer, config);
     spdlog::info("model {}: {}", model_dir.string(), engine->kv_plan().describe());
     spdlog::info("max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
                  engine->config().scheduler.max_model_len, o.max_num_seqs,

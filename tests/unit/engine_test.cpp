@@ -161,6 +161,33 @@ TEST_F(EngineTest, SameSeedSameTokens) {
   EXPECT_NE(a, c);
 }
 
+// A request with no penalties and no logprobs is drawn by the backend's sampling kernel
+// with the request's own random numbers; asking for logprobs moves the draw to the
+// Sampler on the host. Both must give the same tokens for the same seed, greedy or not.
+TEST_F(EngineTest, BackendDrawsEqualHostDrawsForTheSameSeed) {
+  auto engine = make_engine(256);
+  for (float temperature : {0.0f, 0.7f, 1.3f}) {
+    for (int32_t top_k : {0, 20}) {
+      GenerationRequest plain = greedy({5, 6, 7, 8, 9, 10, 11}, 24);
+      plain.params.temperature = temperature;
+      plain.params.top_k = top_k;
+      plain.params.top_p = 0.9f;
+      plain.params.min_p = 0.02f;
+      plain.params.seed = 1234;
+      GenerationRequest with_logprobs = plain;
+      with_logprobs.params.logprobs = true;
+      const auto a = engine->submit(plain);
+      const auto b = engine->submit(with_logprobs);
+      ASSERT_TRUE(a.ok() && b.ok());
+      const GenerationChunk ca = a.stream->collect();
+      const GenerationChunk cb = b.stream->collect();
+      EXPECT_EQ(token_ids(ca), token_ids(cb))
+          << "temperature " << temperature << ", top_k " << top_k;
+      EXPECT_EQ(token_ids(ca).size(), 24u);
+    }
+  }
+}
+
 TEST_F(EngineTest, UsageCountsCachedPromptTokensAndTimesAreOrdered) {
   auto engine = make_engine(64);
   const std::vector<int32_t> prompt(50, 77);

@@ -1,0 +1,106 @@
+#include "engine/backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "engine/kv_cache_memory.h"
+#include "engine/llama_model.h"
+#include "engine/tokenizer_config.h"
+#include "kernels/cpu/kernels.h"
+
+#if PAGELLM_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h"
+#endif
+
+namespace pagellm::engine {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(std::unique_ptr<LlamaModel> model) : model_(std::move(model)) {}
+
+  std::string_view name() const override { return "cpu"; }
+  std::string device_description() const override {
+    return std::to_string(omp_get_max_threads()) + " CPU threads";
+  }
+  const ModelConfig& config() const override { return model_->config(); }
+  int64_t weight_bytes_per_step() const override { return model_->weight_bytes_per_step(); }
+
+  void allocate_kv_cache(int64_t num_blocks, kernels::DType dtype) override {
+    if (memory_) throw std::logic_error("the KV cache is allocated once");
+    memory_ = std::make_unique<KVCacheMemory>(model_->config(), num_blocks, dtype);
+  }
+  int64_t kv_cache_bytes() const override { return memory_ ? memory_->bytes() : 0; }
+
+  void forward(const ForwardBatch& batch, ForwardOutput& out) override {
+    if (!memory_) throw std::logic_error("forward before allocate_kv_cache");
+    model_->forward(batch, *memory_, out.logits);
+    const int64_t rows = static_cast<int64_t>(batch.logit_rows.size());
+    out.argmax.resize(rows);
+    const int64_t vocab = model_->config().vocab_size;
+    kernels::cpu::argmax(out.logits.data(), rows, vocab, out.argmax.data());
+    out.sampled.clear();
+    if (batch.sampling.empty()) return;
+    out.sampled = out.argmax;
+    for (int64_t r = 0; r < rows; ++r) {
+      const RowSampling& s = batch.sampling[r];
+      if (s.temperature <= 0.0f) continue;
+      const kernels::cpu::SamplingRows params{&s.temperature, &s.top_k, &s.top_p, &s.min_p,
+                                              &s.uniform};
+      kernels::cpu::sample_top_k_top_p(out.logits.data() + r * vocab, 1, vocab, params,
+                                       &out.sampled[r], &scratch_);
+    }
+  }
+
+ private:
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<KVCacheMemory> memory_;
+  kernels::cpu::SamplingScratch scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<LlamaModel> model) {
+  return std::make_unique<CpuBackend>(std::move(model));
+}
+
+bool cuda_backend_built() {
+#if PAGELLM_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_device_available() {
+#if PAGELLM_HAVE_CUDA
+  return cuda_device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
+                                      const BackendOptions& options) {
+  const std::string& kind = options.kind;
+  if (kind != "auto" && kind != "cpu" && kind != "cuda") {
+    throw ConfigError("unknown backend '" + kind + "' (auto, cpu or cuda)");
+  }
+  if (kind == "cuda" && !cuda_backend_built()) {
+    throw ConfigError("backend cuda: this build has no CUDA support (build where nvcc is)");
+  }
+  if (kind == "cuda" && !cuda_device_available()) {
+    throw ConfigError("backend cuda: no usable CUDA device (driver or GPU missing)");
+  }
+#if PAGELLM_HAVE_CUDA
+  if (kind == "cuda" || (kind == "auto" && cuda_device_available())) {
+    return make_cuda_backend(model_dir, options);
+  }
+#endif
+  return make_cpu_backend(LlamaModel::load(model_dir));
+}
+
+}  // namespace pagellm::engine

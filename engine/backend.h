@@ -1,0 +1,73 @@
+#pragma once
+// Backend: one model's weights and KV pool on one device, and the forward pass over
+// them. The engine, scheduler and paging are the same for every backend; only this
+// differs. "cpu" is always built; "cuda" when the build has CUDA (cuda_backend_built()).
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "engine/forward_batch.h"
+#include "engine/model_config.h"
+#include "kernels/dtype.h"
+
+namespace pagellm::engine {
+
+class LlamaModel;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;  // "cpu" or "cuda"
+  // What the backend runs on, for the start-up log ("2 CPU threads", "NVIDIA H200").
+  virtual std::string device_description() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  // Bytes of weights one forward pass reads (its decode roofline).
+  virtual int64_t weight_bytes_per_step() const = 0;
+
+  // Bytes the KV pool may take when the operator names no size: the device's free
+  // memory times `fraction`, less what the forward pass needs besides. nullopt where
+  // the backend has no such budget (the CPU: the caller picks a default).
+  virtual std::optional<int64_t> kv_cache_budget(double fraction) const { return std::nullopt; }
+
+  // Allocates the KV pool, once, before the first forward. Throws when it cannot.
+  virtual void allocate_kv_cache(int64_t num_blocks, kernels::DType dtype) = 0;
+  virtual int64_t kv_cache_bytes() const = 0;
+
+  // Runs one step: writes the batch's K/V into the pool and returns the argmax of every
+  // logit row, and the logits of the rows batch.host_logits asks for.
+  virtual void forward(const ForwardBatch& batch, ForwardOutput& out) = 0;
+};
+
+struct BackendOptions {
+  std::string kind = "auto";  // auto (CUDA when a GPU is there), cpu or cuda
+  int device = 0;             // CUDA device index
+  // Largest batch (sequences) and step (tokens) the engine will run, and the longest
+  // context: the CUDA backend sizes its buffers and decode graphs from them.
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_model_len = 0;  // <= 0: the model's max_position_embeddings
+  bool cuda_graphs = true;    // replay captured CUDA graphs for decode steps
+  // CUDA: run the matmuls on float32 copies of 16-bit weights (slower; the CPU
+  // backend's arithmetic, for checking one against the other).
+  bool float32_compute = false;
+};
+
+// The CPU backend over an already loaded model.
+std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<LlamaModel> model);
+
+// Loads the model at `model_dir` on the backend `options.kind` names ("auto": CUDA when
+// this build has it and a device is present, else the CPU). Throws ConfigError for an
+// unknown kind or "cuda" where it is not available.
+std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
+                                      const BackendOptions& options);
+
+// Whether this build has the CUDA backend, and whether a CUDA device can be used now.
+bool cuda_backend_built();
+bool cuda_device_available();
+
+}  // namespace pagellm::engine

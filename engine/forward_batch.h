@@ -1,0 +1,52 @@
+#pragma once
+// One step's input to a backend's forward pass.
+
+#include <cstdint>
+#include <vector>
+
+namespace pagellm::engine {
+
+// A draw the backend makes itself for one logit row: engine/Sampler's draw when the
+// request has no penalties and wants no logprobs (the kernels' sample_top_k_top_p).
+struct RowSampling {
+  float temperature = 0.0f;  // <= 0: this row is not sampled by the backend
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  double uniform = 0.0;  // the request's random draw for this token, in [0, 1)
+};
+
+// One step's work, flattened: the new tokens of every scheduled sequence, in order.
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;     // [num_tokens]
+  std::vector<int32_t> positions;     // [num_tokens]
+  std::vector<int64_t> slots;         // [num_tokens] KV slot of each new token
+  std::vector<int32_t> query_start;   // [num_seqs + 1]
+  std::vector<int32_t> context_lens;  // [num_seqs] cached tokens after this step
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], -1 padded
+  int32_t max_blocks_per_seq = 0;
+  std::vector<int32_t> logit_rows;  // token rows whose next-token logits are wanted
+  // [logit_rows.size()] or empty: 1 where the row's logits must reach the host (its
+  // sampler needs more than the argmax); empty means every row's.
+  std::vector<uint8_t> host_logits;
+  // [logit_rows.size()] or empty: rows to sample on the backend (temperature > 0).
+  std::vector<RowSampling> sampling;
+  std::vector<int32_t> copy_src;  // blocks to copy before the pass (copy-on-write)
+  std::vector<int32_t> copy_dst;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
+};
+
+// What a forward pass returns, per logit row.
+struct ForwardOutput {
+  std::vector<int32_t> argmax;  // [logit rows] the most likely token (first on ties)
+  // [logit rows] when ForwardBatch::sampling is given: the token drawn for each row it
+  // samples (the others hold the argmax).
+  std::vector<int32_t> sampled;
+  // [logit rows, vocab]: the rows ForwardBatch::host_logits asks for hold the logits;
+  // the others may hold anything.
+  std::vector<float> logits;
+};
+
+}  // namespace pagellm::engine

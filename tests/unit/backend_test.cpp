@@ -1,0 +1,95 @@
+// Backend selection and the CPU backend's forward contract (argmax of every logit row,
+// logits of the rows asked for).
+
+#include "engine/backend.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "engine/demo_model.h"
+#include "engine/kv_cache_memory.h"
+#include "engine/llama_model.h"
+#include "engine/tokenizer_config.h"
+
+namespace pagellm::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+class BackendTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        ("pagellm_backend_test_" + std::to_string(::getpid())));
+    write_demo_model(*dir_, demo_model_preset("tiny"));
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+  static inline fs::path* dir_ = nullptr;
+};
+
+TEST_F(BackendTest, CpuIsChosenByNameAndByAutoWithoutAGpu) {
+  BackendOptions o;
+  o.kind = "cpu";
+  EXPECT_EQ(load_backend(*dir_, o)->name(), "cpu");
+  o.kind = "auto";
+  const auto backend = load_backend(*dir_, o);
+  EXPECT_EQ(backend->name(), cuda_device_available() ? "cuda" : "cpu");
+  EXPECT_FALSE(backend->device_description().empty());
+}
+
+TEST_F(BackendTest, UnknownOrUnavailableBackendsAreRefusedWithAReason) {
+  BackendOptions o;
+  o.kind = "tpu";
+  try {
+    load_backend(*dir_, o);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown backend 'tpu'"), std::string::npos) << e.what();
+  }
+  if (!cuda_device_available()) {
+    o.kind = "cuda";
+    try {
+      load_backend(*dir_, o);
+      FAIL() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("backend cuda"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_F(BackendTest, CpuForwardReturnsTheArgmaxOfEveryLogitRow) {
+  auto backend = make_cpu_backend(LlamaModel::load(*dir_));
+  EXPECT_EQ(backend->kv_cache_budget(0.9), std::nullopt);
+  backend->allocate_kv_cache(8, default_kv_dtype(backend->config()));
+  EXPECT_EQ(backend->kv_cache_bytes(),
+            8 * 16 * backend->config().kv_bytes_per_token(default_kv_dtype(backend->config())));
+  EXPECT_THROW(backend->allocate_kv_cache(8, default_kv_dtype(backend->config())),
+               std::logic_error);
+  ForwardBatch b;
+  b.token_ids = {5, 6, 7, 9, 11};
+  b.positions = {0, 1, 2, 0, 1};
+  b.slots = {0, 1, 2, 16, 17};
+  b.query_start = {0, 3, 5};
+  b.context_lens = {3, 2};
+  b.block_tables = {0, 1};
+  b.max_blocks_per_seq = 1;
+  b.logit_rows = {2, 4};
+  b.host_logits = {0, 1};
+  ForwardOutput out;
+  backend->forward(b, out);
+  const int64_t vocab = backend->config().vocab_size;
+  ASSERT_EQ(out.argmax.size(), 2u);
+  ASSERT_EQ(out.logits.size(), size_t(2 * vocab));
+  for (int r = 0; r < 2; ++r) {
+    const float* row = out.logits.data() + r * vocab;
+    EXPECT_EQ(out.argmax[r], std::max_element(row, row + vocab) - row) << "row " << r;
+  }
+}
+
+}  // namespace
+}  // namespace pagellm::engine
