@@ -1,0 +1,206 @@
+// Decode attention on the GPU (kernels::cuda::paged_attention_decode) against the device's
+// copy bandwidth: 32 query heads / 8 KV heads of 128, bf16 cache, bf16 output, at
+// batch x context 1 x 32768, 16 x 4096, 64 x 1024 and 256 x 2048.
+//   pagellm_cuda_attention_bench [--json FILE]
+// Bytes counted per launch: K and V of every context token, q (float32) and out (bf16);
+// GB/s = those bytes / the median launch time (>= 50 launches after warm-up, CUDA events
+// around each). The copy bandwidth is a 1 GiB device-to-device copy, bytes read plus
+// written. Caches hold random values in shuffled block ids; successive launches rotate
+// over copies of the cache (distinct blocks) totalling at least 1 GiB, far past the L2,
+// so every launch reads its K and V from HBM as a real decode step does.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/cuda_bandwidth.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/kernels.h"
+
+namespace pagellm::kernels::cuda {
+namespace {
+
+constexpr int kQHeads = 32, kKVHeads = 8, kHeadDim = 128;
+constexpr DType kCache = DType::kBF16, kOut = DType::kBF16;
+constexpr int64_t kMinRotationBytes = int64_t(1) << 30;
+constexpr int kWarmup = 10, kTimed = 100;
+
+struct Result {
+  int batch, context;
+  double us, bytes, gbps, percent;
+};
+
+// A device allocation freed on scope exit.
+struct Device {
+  void* p = nullptr;
+  explicit Device(size_t bytes) {
+    if (bytes > 0) PAGELLM_CUDA_CHECK(cudaMalloc(&p, bytes));
+  }
+  ~Device() {
+    if (p) cudaFree(p);
+  }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(p);
+  }
+};
+
+Result run_shape(int batch, int context, double copy_gbps, uint64_t seed) {
+  const int64_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  const int64_t kv_bytes_per_copy =
+      int64_t(batch) * blocks_per_seq * kBlockSize * kKVHeads * kHeadDim * dtype_size(kCache) * 2;
+  const int copies = static_cast<int>(
+      std::max<int64_t>(2, (kMinRotationBytes + kv_bytes_per_copy - 1) / kv_bytes_per_copy));
+  const int64_t num_blocks = 1 + copies * batch * blocks_per_seq;  // block 0 unused
+  const int64_t cache_elems = num_blocks * kBlockSize * kKVHeads * kHeadDim;
+
+  Device k(cache_elems * dtype_size(kCache)), v(cache_elems * dtype_size(kCache));
+  fill_uniform(k.get(), kCache, cache_elems, 1.0f, seed, nullptr);
+  fill_uniform(v.get(), kCache, cache_elems, 1.0f, seed + 1, nullptr);
+  const int64_t q_elems = int64_t(batch) * kQHeads * kHeadDim;
+  Device q(q_elems * sizeof(float)), out(q_elems * dtype_size(kOut));
+  fill_uniform(q.get(), DType::kF32, q_elems, 1.0f, seed + 2, nullptr);
+  Device ws(paged_attention_decode_workspace_bytes(batch, kQHeads, kHeadDim, context));
+
+  // Block tables of each copy: shuffled, distinct block ids.
+  std::vector<int32_t> ids(num_blocks - 1);
+  std::iota(ids.begin(), ids.end(), 1);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
+  Device tables(ids.size() * sizeof(int32_t));
+  PAGELLM_CUDA_CHECK(
+      cudaMemcpy(tables.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  std::vector<int32_t> starts(batch + 1), lens(batch, context);
+  std::iota(starts.begin(), starts.end(), 0);
+  Device d_starts(starts.size() * sizeof(int32_t)), d_lens(lens.size() * sizeof(int32_t));
+  PAGELLM_CUDA_CHECK(cudaMemcpy(d_starts.get(), starts.data(), starts.size() * sizeof(int32_t),
+                                cudaMemcpyHostToDevice));
+  PAGELLM_CUDA_CHECK(
+      cudaMemcpy(d_lens.get(), lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+
+  const KVCacheLayer cache{k.get(), v.get(), kCache, num_blocks, kKVHeads, kHeadDim};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  auto launch = [&](int i) {
+    const PagedAttentionBatch b{batch,
+                                d_starts.get<int32_t>(),
+                                d_lens.get<int32_t>(),
+                                tables.get<int32_t>() + (i % copies) * batch * blocks_per_seq,
+                                static_cast<int32_t>(blocks_per_seq),
+                                0};
+    paged_attention_decode(q.get<float>(), cache, b, context, kQHeads, scale, ws.get(), out.get(),
+                           kOut, nullptr);
+  };
+
+  for (int i = 0; i < kWarmup; ++i)
+    launch(i);
+  std::vector<cudaEvent_t> start(kTimed), stop(kTimed);
+  for (int i = 0; i < kTimed; ++i) {
+    PAGELLM_CUDA_CHECK(cudaEventCreate(&start[i]));
+    PAGELLM_CUDA_CHECK(cudaEventCreate(&stop[i]));
+  }
+  for (int i = 0; i < kTimed; ++i) {
+    PAGELLM_CUDA_CHECK(cudaEventRecord(start[i]));
+    launch(kWarmup + i);
+    PAGELLM_CUDA_CHECK(cudaEventRecord(stop[i]));
+  }
+  PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> us(kTimed);
+  for (int i = 0; i < kTimed; ++i) {
+    float ms = 0;
+    PAGELLM_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+    us[i] = 1e3 * ms;
+    cudaEventDestroy(start[i]);
+    cudaEventDestroy(stop[i]);
+  }
+  std::sort(us.begin(), us.end());
+
+  Result r{batch, context, us[kTimed / 2], 0, 0, 0};
+  r.bytes = double(batch) * context * kKVHeads * kHeadDim * dtype_size(kCache) * 2 +
+            double(q_elems) * sizeof(float) + double(q_elems) * dtype_size(kOut);
+  r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
+  r.percent = 100.0 * r.gbps / copy_gbps;
+  return r;
+}
+
+int run(int argc, char** argv) {
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "no CUDA device: this benchmark needs an NVIDIA GPU\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  PAGELLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+
+  const double copy_gbps = bench::measure_cuda_copy_bandwidth();
+  std::printf("device: %s\ndevice-to-device copy (1 GiB, read + write): %.0f GB/s\n", prop.name,
+              copy_gbps);
+  std::printf("decode attention: %d query / %d KV heads of %d, bf16 cache, bf16 out\n", kQHeads,
+              kKVHeads, kHeadDim);
+  std::printf("%-14s %10s %12s %10s %10s\n", "batch x ctx", "us", "MB read", "GB/s", "% copy");
+  const int shapes[][2] = {{1, 32768}, {16, 4096}, {64, 1024}, {256, 2048}};
+  std::vector<Result> results;
+  uint64_t seed = 1;
+  for (const auto& s : shapes) {
+    const Result r = run_shape(s[0], s[1], copy_gbps, seed += 10);
+    results.push_back(r);
+    const std::string shape = std::to_string(r.batch) + " x " + std::to_string(r.context);
+    std::printf("%-14s %10.1f %12.1f %10.0f %9.1f%%\n", shape.c_str(), r.us, r.bytes / 1e6, r.gbps,
+                r.percent);
+    std::fflush(stdout);
+  }
+
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", json.c_str());
+      return 1;
+    }
+    std::fprintf(f,
+                 "{\n  \"device\": \"%s\",\n  \"copy_gbps\": %.1f,\n  \"num_q_heads\": %d,\n"
+                 "  \"num_kv_heads\": %d,\n  \"head_dim\": %d,\n  \"cache_dtype\": \"bf16\",\n"
+                 "  \"out_dtype\": \"bf16\",\n  \"results\": [\n",
+                 prop.name, copy_gbps, kQHeads, kKVHeads, kHeadDim);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::fprintf(f,
+                   "    {\"batch\": %d, \"context\": %d, \"us\": %.2f, \"bytes\": %.0f, "
+                   "\"gbps\": %.1f, \"percent_of_copy\": %.1f}%s\n",
+                   r.batch, r.context, r.us, r.bytes, r.gbps, r.percent,
+                   i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pagellm::kernels::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return pagellm::kernels::cuda::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

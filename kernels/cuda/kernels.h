@@ -1,0 +1,207 @@
+#pragma once
+// CUDA kernels: the same list as kernels/cpu/kernels.h, with the same contracts, over
+// device pointers, each enqueued on `stream` (no synchronization, no allocation, so a
+// decode step can be captured in a CUDA graph). The CPU versions are the reference
+// tests/cuda compares these against.
+//
+// Differences from the CPU contracts, all about number formats:
+//   - Outputs that feed a matmul (norms, attention, silu-mul) are written in an
+//     activation dtype `out_dtype`: the weights' 16-bit format, so that cuBLAS reads
+//     16-bit operands, or float32 for a float32 pass. Values are computed in float32
+//     and rounded once, to nearest even, when stored.
+//   - Sums run in a different order than on the CPU (warp and block reductions), so
+//     results agree with the CPU twin to rounding, not bit for bit.
+// This header includes no CUDA header: it can be read by plain C++ code.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace pagellm::kernels::cuda {
+
+inline constexpr int kBlockSize = 16;  // tokens per KV block (see paging/)
+
+// out[t, :] = table[ids[t], :], converted to float32.
+void embedding(const int32_t* ids,  // [num_tokens]
+               int64_t num_tokens,
+               const void* table,  // [vocab, hidden] of `dtype`
+               DType dtype, int64_t hidden,
+               float* out,  // [num_tokens, hidden]
+               cudaStream_t stream);
+
+// out = x / sqrt(mean(x^2) + eps) * weight, row by row, stored as `out_dtype`. `out`
+// may alias `x` when out_dtype is float32.
+void rmsnorm(const float* x,      // [rows, dim]
+             const void* weight,  // [dim] of `w_dtype`
+             DType w_dtype, int64_t rows, int64_t dim, float eps,
+             void* out,  // [rows, dim] of `out_dtype`
+             DType out_dtype, cudaStream_t stream);
+
+// residual += x (float32), then out = rmsnorm(residual) stored as `out_dtype`.
+void add_rmsnorm(float* residual,     // [rows, dim], updated in place
+                 const float* x,      // [rows, dim]
+                 const void* weight,  // [dim] of `w_dtype`
+                 DType w_dtype, int64_t rows, int64_t dim, float eps,
+                 void* out,  // [rows, dim] of `out_dtype`
+                 DType out_dtype, cudaStream_t stream);
+
+// y[r, :] += bias (float32), row by row.
+void add_bias(float* y,           // [rows, n], in place
+              const float* bias,  // [n]
+              int64_t rows, int64_t n, cudaStream_t stream);
+
+// Rotary position embedding, rotate-half layout (see the CPU contract).
+void rope(float* q,                  // [num_tokens, num_q_heads, head_dim], in place
+          float* k,                  // [num_tokens, num_kv_heads, head_dim], in place
+          const int32_t* positions,  // [num_tokens]
+          int64_t num_tokens, int num_q_heads, int num_kv_heads, int head_dim,
+          const float* inv_freq,  // [head_dim / 2]
+          cudaStream_t stream);
+
+// out[r, :] = silu(gate_up[r, :dim]) * gate_up[r, dim:], stored as `out_dtype`.
+void silu_mul_fused(const float* gate_up,  // [rows, 2 * dim]
+                    int64_t rows, int64_t dim,
+                    void* out,  // [rows, dim] of `out_dtype`
+                    DType out_dtype, cudaStream_t stream);
+
+// One layer's paged KV cache in device memory: K and V each [num_blocks, kBlockSize,
+// num_kv_heads, head_dim] of `dtype`; token slot s is row s of the first two axes.
+struct KVCacheLayer {
+  void* k;
+  void* v;
+  DType dtype;
+  int64_t num_blocks;
+  int num_kv_heads;
+  int head_dim;
+};
+
+// Writes the new tokens' K and V into their slots, rounded to nearest even to the
+// cache dtype. A negative slot means "do not store" (padding); a slot past the cache is
+// skipped too (a caller bug, but never a write out of bounds).
+void write_kv(const float* k,        // [num_tokens, num_kv_heads, head_dim]
+              const float* v,        // [num_tokens, num_kv_heads, head_dim]
+              const int64_t* slots,  // [num_tokens]
+              int64_t num_tokens, const KVCacheLayer& cache, cudaStream_t stream);
+
+// Copies whole blocks (copy-on-write of a block shared by forked sequences). The copies
+// run in parallel: no block may be both a destination and a source in one call (the CPU
+// twin copies one after another). Block ids outside the cache are skipped.
+void copy_blocks(const KVCacheLayer& cache,
+                 const int32_t* src,  // [num_copies]
+                 const int32_t* dst,  // [num_copies]
+                 int64_t num_copies, cudaStream_t stream);
+
+// Attention metadata, as on the CPU; every pointer is device memory.
+struct PagedAttentionBatch {
+  int32_t num_seqs;
+  const int32_t* query_start;   // [num_seqs + 1]
+  const int32_t* context_lens;  // [num_seqs] tokens in the cache, this step's included
+  const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq], -1 padded
+  int32_t max_blocks_per_seq;
+  int32_t sliding_window;  // 0: none
+};
+
+// Causal attention through the page tables, any q_len per sequence (prefill, chunked
+// prefill, mixed batches): the CPU contract of paged_attention. `max_q_len` bounds every
+// sequence's q_len. Softmax in float32.
+// Both attention kernels take head_dim 16, 32, 64, 128 or 256 and up to 16 query heads
+// per KV head (num_q_heads a multiple of num_kv_heads); other shapes throw
+// std::invalid_argument. q, out, the cache's k and v (and the decode workspace) must be
+// 16-byte aligned. A row's result does not depend on the rest of its batch, nor (here) on
+// how its prompt was cut into chunks; the two kernels agree with each other to float32
+// rounding, not bit for bit.
+void paged_attention(const float* q,  // [num_tokens, num_q_heads, head_dim]
+                     const KVCacheLayer& cache, const PagedAttentionBatch& batch,
+                     int32_t num_tokens, int32_t max_q_len, int num_q_heads, float scale,
+                     void* out,  // [num_tokens, num_q_heads, head_dim] of `out_dtype`
+                     DType out_dtype, cudaStream_t stream);
+
+// Decode attention (q_len == 1 for every sequence), flash-decoding: each sequence's
+// context is cut into partitions of kDecodePartitionTokens read by separate thread
+// blocks, each reading every KV head once for all the query heads that share it; a
+// second kernel merges the partitions' softmax statistics. The grid covers
+// `max_context` (so a captured graph stays valid for any batch whose contexts are at
+// most that); partitions past a sequence's context do nothing. A sequence with
+// context_len 0 (a padding row of a captured batch) gets zero output.
+inline constexpr int kDecodePartitionTokens = 512;
+
+// Float32 scratch the decode kernel needs, in bytes.
+size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int head_dim,
+                                              int32_t max_context);
+
+void paged_attention_decode(const float* q,  // [num_seqs, num_q_heads, head_dim]
+                            const KVCacheLayer& cache, const PagedAttentionBatch& batch,
+                            int32_t max_context, int num_q_heads, float scale,
+                            void* workspace,  // paged_attention_decode_workspace_bytes(...)
+                            void* out,        // [num_seqs, num_q_heads, head_dim] of `out_dtype`
+                            DType out_dtype, cudaStream_t stream);
+
+// Index of the largest value of each row (the first one on ties); NaN never wins.
+void argmax(const float* logits,  // [rows, vocab]
+            int64_t rows, int64_t vocab,
+            int32_t* out,  // [rows]
+            cudaStream_t stream);
+
+// Per-row sampling parameters for sample_top_k_top_p (device arrays).
+struct SamplingRows {
+  const float* temperature;  // [rows] > 0
+  const int32_t* top_k;      // [rows] 0 or >= vocab: no limit
+  const float* top_p;        // [rows] in (0, 1]
+  const float* min_p;        // [rows] in [0, 1]; 0: no limit
+  const float* uniform;      // [rows] in [0, 1): the row's random draw
+};
+
+// Samples one token per row, as engine/Sampler draws after its penalties: weights
+// w = exp(logits / temperature - max); min-p keeps w >= min_p (the largest weight is 1);
+// top-k keeps the k most likely (ties by lower token id); top-p keeps the shortest
+// prefix, most likely first, whose mass reaches top_p of the kept mass (at least one
+// token); then the token where the running sum of kept weights, most likely first,
+// first exceeds uniform * (kept mass) (the last kept token if none does). Weights in
+// float32 (the device's expf is within 2 ulp, the CPU's exp closer), masses summed in
+// double on both sides but in another order, so a draw that falls within rounding of a
+// boundary may differ from the CPU twin kernels::cpu::sample_top_k_top_p. NaN logits are
+// never drawn. One thread block per row, no sort: a few dozen passes over the row.
+void sample_top_k_top_p(const float* logits,  // [rows, vocab]
+                        int64_t rows, int64_t vocab, const SamplingRows& params,
+                        int32_t* out,  // [rows]
+                        cudaStream_t stream);
+
+// Matmuls through cuBLAS: y = x w^T for a Linear weight w ([n, k] as Hugging Face
+// stores it, row-major, in device memory), x in the same dtype as w, y in float32, with
+// float32 accumulation (for float32 weights, true float32: no TF32). One per stream;
+// its workspace is allocated once, so matmuls can be captured in a CUDA graph.
+class Blas {
+ public:
+  explicit Blas(cudaStream_t stream);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  void matmul(const void* x,  // [m, k] of `dtype`
+              const void* w,  // [n, k] of `dtype`
+              DType dtype, int64_t m, int64_t n, int64_t k,
+              float* y);  // [m, n]
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  cudaStream_t stream_;
+  void* handle_ = nullptr;     // cublasHandle_t
+  void* workspace_ = nullptr;  // device memory for cuBLAS
+};
+
+// Converts n values between dtypes (float32 <-> 16-bit), rounding to nearest even.
+void convert(const void* in, DType in_dtype, void* out, DType out_dtype, int64_t n,
+             cudaStream_t stream);
+
+// Fills n values of `dtype` with uniform random numbers in [-scale, scale) (rounded to
+// `dtype`, so a 16-bit value may reach scale itself), from a counter-based generator:
+// value i depends only on the seed and i, so the same seed gives the same values
+// (benchmarks make models on the device this way).
+void fill_uniform(void* data, DType dtype, int64_t n, float scale, uint64_t seed,
+                  cudaStream_t stream);
+
+}  // namespace pagellm::kernels::cuda

@@ -1,0 +1,408 @@
+// The sampling kernels against their CPU twins: argmax exactly (ties, NaN, rows of one
+// token, a 128k vocabulary), and top-k / top-p / min-p sampling token for token on random
+// logits with mixed parameters, wherever the draw is not within rounding of a boundary
+// (the device's exp and float32 weights differ from the CPU's by an ulp or two; the
+// test finds the boundaries on the CPU and counts only clear cases, which must all match).
+// Fresh random inputs each run; PAGELLM_TEST_SEED=N replays one. Skipped without a GPU.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/kernels.h"
+#include "support/cuda_test_util.h"
+
+namespace pagellm::kernels::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+
+uint32_t fresh_seed() {
+  if (const char* s = std::getenv("PAGELLM_TEST_SEED")) return static_cast<uint32_t>(std::stoul(s));
+  return std::random_device{}();
+}
+
+std::string seed_trace(uint32_t seed) {
+  return "seed " + std::to_string(seed) +
+         " (replay with PAGELLM_TEST_SEED=" + std::to_string(seed) + ")";
+}
+
+class Stream {
+ public:
+  Stream() {
+    if (cudaStreamCreate(&s_) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
+  }
+  ~Stream() { cudaStreamDestroy(s_); }
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------
+// argmax
+
+std::vector<int32_t> gpu_argmax(const std::vector<float>& logits, int64_t rows, int64_t vocab,
+                                int64_t offset = 0) {
+  std::vector<float> padded(offset + logits.size());
+  std::copy(logits.begin(), logits.end(), padded.begin() + offset);
+  const DeviceBuffer d_logits = DeviceBuffer::from(padded);
+  DeviceBuffer d_out(rows * sizeof(int32_t));
+  d_out.poison();
+  Stream stream;
+  argmax(d_logits.get<float>() + offset, rows, vocab, d_out.get<int32_t>(), stream);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  return d_out.download<int32_t>();
+}
+
+TEST(CudaArgmax, MatchesCpuExactlyWithTies) {
+  PAGELLM_REQUIRE_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  for (int64_t vocab : {1, 2, 7, 128, 1000, 32000, 128256, 128257}) {
+    for (int64_t rows : {1, 3, 64}) {
+      for (int64_t offset : {0, 1}) {
+        SCOPED_TRACE("vocab=" + std::to_string(vocab) + " rows=" + std::to_string(rows) +
+                     " offset=" + std::to_string(offset));
+        std::normal_distribution<float> normal(0.0f, 3.0f);
+        std::vector<float> logits(rows * vocab);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = logits.data() + r * vocab;
+          const int mode = static_cast<int>(r % 4);
+          for (int64_t i = 0; i < vocab; ++i) {
+            const float x = normal(rng);
+            row[i] = mode == 1 ? std::round(x) : x;  // mode 1: many ties
+          }
+          if (mode == 2 && vocab > 1) {
+            // The maximum at several places, the last one and a random one included.
+            const int64_t a = rng() % vocab, b = rng() % vocab;
+            row[a] = row[b] = row[vocab - 1] = 100.0f;
+          }
+          if (mode == 3) std::fill(row, row + vocab, 0.5f);  // all tied: index 0
+        }
+        std::vector<int32_t> expected(rows);
+        cpu::argmax(logits.data(), rows, vocab, expected.data());
+        EXPECT_EQ(gpu_argmax(logits, rows, vocab, offset), expected);
+      }
+    }
+  }
+}
+
+TEST(CudaArgmax, NaNNeverWinsAndInfinitiesCount) {
+  PAGELLM_REQUIRE_GPU();
+  const int64_t vocab = 1001;
+  std::vector<std::vector<float>> rows;
+  std::vector<int32_t> want;
+  auto add = [&](std::vector<float> row, int32_t expected) {
+    row.resize(vocab, -5.0f);
+    rows.push_back(row);
+    want.push_back(expected);
+  };
+  add({kNaN, 1.0f, 3.0f, kNaN, 3.0f}, 2);  // NaN first: still the first maximum
+  add({1.0f, kNaN, 2.0f}, 2);
+  add(std::vector<float>(vocab, kNaN), 0);  // nothing but NaN: 0
+  add(std::vector<float>(vocab, -kInf), 0);
+  add({-kInf, 1.0f, kInf, kNaN, kInf}, 2);
+  std::vector<float> last(vocab, kNaN);
+  last[vocab - 1] = -1.0f;
+  add(last, vocab - 1);
+  std::vector<float> flat;
+  for (const auto& r : rows)
+    flat.insert(flat.end(), r.begin(), r.end());
+  const int64_t n = static_cast<int64_t>(rows.size());
+  EXPECT_EQ(gpu_argmax(flat, n, vocab), want);
+  std::vector<int32_t> cpu_out(n);
+  cpu::argmax(flat.data(), n, vocab, cpu_out.data());
+  EXPECT_EQ(cpu_out, want) << "the CPU twin";
+}
+
+// ---------------------------------------------------------------------------------------
+// sample_top_k_top_p
+
+struct RowParams {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+};
+
+// A mix of what requests ask for: plain, greedy-like, top-k, top-p, min-p, all of them.
+const RowParams kMixes[] = {
+    {1.0f, 0, 1.0f, 0.0f},   {1e-3f, 0, 1.0f, 0.0f},  {0.7f, 50, 1.0f, 0.0f},
+    {1.0f, 1, 1.0f, 0.0f},   {1.0f, 0, 0.9f, 0.0f},   {1.2f, 0, 1.0f, 0.05f},
+    {0.8f, 50, 0.9f, 0.05f}, {2.0f, 0, 0.5f, 0.0f},   {1.0f, 1 << 30, 1.0f, 0.0f},
+    {0.6f, 5, 0.95f, 0.0f},  {1.5f, 0, 0.99f, 0.01f}, {1e-3f, 50, 0.9f, 0.05f}};
+
+struct Batch {
+  int64_t rows = 0, vocab = 0;
+  std::vector<float> logits, temperature, top_p, min_p, uniform;
+  std::vector<int32_t> top_k;
+};
+
+// Logits of three kinds: on a grid of 1/16 (exact ties, and distinct weights far apart),
+// continuous, and one dominant token over noise. Draws spread over [0, 1), with 0 and the
+// largest float below 1 among them.
+Batch make_batch(int64_t rows, int64_t vocab, std::mt19937& rng) {
+  Batch b;
+  b.rows = rows;
+  b.vocab = vocab;
+  b.logits.resize(rows * vocab);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_real_distribution<float> jitter(0.0f, 1.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = b.logits.data() + r * vocab;
+    const int kind = static_cast<int>((r / 3) % 3);
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float x = normal(rng);
+      row[i] = kind == 0 ? std::round(x * 16.0f) / 16.0f : x;
+    }
+    if (kind == 2) row[rng() % vocab] = 12.0f;
+    const RowParams& p = kMixes[r % std::size(kMixes)];
+    b.temperature.push_back(p.temperature);
+    b.top_k.push_back(p.top_k);
+    b.top_p.push_back(p.top_p);
+    b.min_p.push_back(p.min_p);
+    float u = (static_cast<float>(r) + jitter(rng)) / static_cast<float>(rows);
+    if (r == 0) u = 0.0f;
+    if (r == rows - 1 || u >= 1.0f) u = std::nextafter(1.0f, 0.0f);
+    b.uniform.push_back(u);
+  }
+  return b;
+}
+
+std::vector<int32_t> cpu_sample(const Batch& b) {
+  const std::vector<double> u(b.uniform.begin(), b.uniform.end());
+  const cpu::SamplingRows params{b.temperature.data(), b.top_k.data(), b.top_p.data(),
+                                 b.min_p.data(), u.data()};
+  std::vector<int32_t> out(b.rows, -1);
+  cpu::sample_top_k_top_p(b.logits.data(), b.rows, b.vocab, params, out.data());
+  return out;
+}
+
+std::vector<int32_t> gpu_sample(const Batch& b) {
+  const DeviceBuffer d_logits = DeviceBuffer::from(b.logits);
+  const DeviceBuffer d_t = DeviceBuffer::from(b.temperature), d_k = DeviceBuffer::from(b.top_k);
+  const DeviceBuffer d_p = DeviceBuffer::from(b.top_p), d_m = DeviceBuffer::from(b.min_p);
+  const DeviceBuffer d_u = DeviceBuffer::from(b.uniform);
+  DeviceBuffer d_out(b.rows * sizeof(int32_t));
+  d_out.poison();
+  const SamplingRows params{d_t.get<float>(), d_k.get<int32_t>(), d_p.get<float>(),
+                            d_m.get<float>(), d_u.get<float>()};
+  Stream stream;
+  sample_top_k_top_p(d_logits.get<float>(), b.rows, b.vocab, params, d_out.get<int32_t>(), stream);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  return d_out.download<int32_t>();
+}
+
+// The CPU's decision for one row, made again with a full sort, and whether it is clear:
+// no draw, top-p target or min-p threshold within a relative 1e-6 of a boundary, and no
+// two nearly equal weights (from different logits) on either side of a cut or of the
+// chosen token, where the ulps of exp could swap them (the device's expf is within 2 ulp,
+// 2.4e-7, the CPU's within one). Weights below 1e-30 carry no mass and are left out of
+// that last test.
+struct Decision {
+  int32_t token;
+  bool clear;
+};
+
+Decision decide(const float* logits, int64_t vocab, const RowParams& p, double u) {
+  constexpr double kEps = 1e-6;
+  const float inv_t = 1.0f / p.temperature;
+  std::vector<float> s(vocab), w(vocab);
+  float max_s = -kInf;
+  for (int64_t i = 0; i < vocab; ++i) {
+    s[i] = logits[i] * inv_t;
+    max_s = std::max(max_s, s[i]);
+  }
+  for (int64_t i = 0; i < vocab; ++i)
+    w[i] = std::exp(s[i] - max_s);
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; });
+  bool clear = true;
+  auto fragile = [&](int64_t a, int64_t b) {  // positions in `order`
+    const int32_t ia = order[a], ib = order[b];
+    const double big = std::max(w[ia], w[ib]);
+    return s[ia] != s[ib] && big > 1e-30 && std::abs(double(w[ia]) - w[ib]) <= kEps * big;
+  };
+  auto near = [&](double a, double b, double scale) { return std::abs(a - b) <= kEps * scale; };
+
+  int64_t count = vocab;
+  if (p.min_p > 0.0f) {
+    count = std::count_if(w.begin(), w.end(), [&](float x) { return x >= p.min_p; });
+    for (float x : w)
+      if (near(x, p.min_p, p.min_p)) clear = false;
+  }
+  if (p.top_k > 0 && p.top_k < count) {
+    if (fragile(p.top_k - 1, p.top_k)) clear = false;
+    count = p.top_k;
+  }
+  if (p.top_p < 1.0f) {
+    double total = 0;
+    for (int64_t j = 0; j < count; ++j)
+      total += w[order[j]];
+    const double target = p.top_p * total;
+    double mass = 0, before = 0;
+    int64_t keep = 0;
+    while (keep < count && mass < target) {
+      before = mass;
+      mass += w[order[keep++]];
+    }
+    if (near(before, target, total) || near(mass, target, total)) clear = false;
+    keep = std::max<int64_t>(keep, 1);
+    if (keep < count && fragile(keep - 1, keep)) clear = false;
+    count = keep;
+  }
+  double total = 0;
+  for (int64_t j = 0; j < count; ++j)
+    total += w[order[j]];
+  const double threshold = u * total;
+  double cumulative = 0, before = 0;
+  int64_t pick = count - 1;
+  for (int64_t j = 0; j < count; ++j) {
+    before = cumulative;
+    cumulative += w[order[j]];
+    if (threshold < cumulative) {
+      pick = j;
+      break;
+    }
+  }
+  // (Before the first token the running sum is 0 on both sides, exactly.)
+  if ((pick > 0 && near(before, threshold, total)) || near(cumulative, threshold, total))
+    clear = false;
+  if (pick > 0 && fragile(pick - 1, pick)) clear = false;
+  if (pick + 1 < count && fragile(pick, pick + 1)) clear = false;
+  return {order[pick], clear};
+}
+
+// Runs a batch on both sides; every clear row must agree. Returns the number of clear rows.
+int64_t expect_same_tokens(const Batch& b) {
+  const std::vector<int32_t> cpu_tokens = cpu_sample(b);
+  const std::vector<int32_t> gpu_tokens = gpu_sample(b);
+  int64_t clear = 0, unclear_differ = 0;
+  for (int64_t r = 0; r < b.rows; ++r) {
+    const RowParams p{b.temperature[r], b.top_k[r], b.top_p[r], b.min_p[r]};
+    const Decision d = decide(b.logits.data() + r * b.vocab, b.vocab, p, b.uniform[r]);
+    EXPECT_TRUE(gpu_tokens[r] >= 0 && gpu_tokens[r] < b.vocab) << "row " << r;
+    if (!d.clear) {
+      unclear_differ += gpu_tokens[r] != cpu_tokens[r];
+      continue;
+    }
+    ++clear;
+    EXPECT_EQ(d.token, cpu_tokens[r]) << "row " << r << ": the test's full sort vs the CPU twin";
+    EXPECT_EQ(gpu_tokens[r], cpu_tokens[r])
+        << "row " << r << " T=" << p.temperature << " top_k=" << p.top_k << " top_p=" << p.top_p
+        << " min_p=" << p.min_p << " u=" << b.uniform[r];
+  }
+  std::cout << "[ sample   ] vocab " << b.vocab << ": " << clear << " of " << b.rows
+            << " rows clear; " << unclear_differ << " near-boundary rows differ\n";
+  return clear;
+}
+
+TEST(CudaSampleTopKTopP, MatchesCpuTwinOnMixedRows) {
+  PAGELLM_REQUIRE_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  for (int64_t vocab : {1, 2, 50, 1000, 32000, 128256}) {
+    SCOPED_TRACE("vocab=" + std::to_string(vocab));
+    const int64_t rows = 96;
+    const Batch b = make_batch(rows, vocab, rng);
+    const int64_t clear = expect_same_tokens(b);
+    EXPECT_GE(clear, rows * 8 / 10) << "too few clear cases to judge by";
+  }
+}
+
+TEST(CudaSampleTopKTopP, ManyRowsAndALargeVocabulary) {
+  PAGELLM_REQUIRE_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  {
+    const Batch b = make_batch(1024, 4096, rng);
+    EXPECT_GE(expect_same_tokens(b), 1024 * 8 / 10);
+  }
+  {
+    const Batch b = make_batch(16, 256000, rng);
+    EXPECT_GE(expect_same_tokens(b), 12);
+  }
+}
+
+TEST(CudaSampleTopKTopP, TiesAreTakenByLowerIdExactly) {
+  PAGELLM_REQUIRE_GPU();
+  // 1000 equal logits: every weight is 1, so masses are whole numbers and each draw is
+  // exact. top_k 3 keeps ids 0, 1, 2; u = 0.5 gives 1.5 of 3, the second.
+  Batch b;
+  b.rows = 7;
+  b.vocab = 1000;
+  b.logits.assign(b.rows * b.vocab, 0.25f);
+  b.temperature = {1.0f, 1.0f, 1.0f, 1.0f, 0.5f, 1.0f, 1.0f};
+  b.top_k = {3, 3, 0, 0, 10, 0, 0};
+  b.top_p = {1.0f, 1.0f, 0.5f, 1.0f, 0.45f, 1.0f, 1.0f};  // 0.5 of 1000: the first 500
+  b.min_p = {0.0f, 0.0f, 0.0f, 0.5f, 0.0f, 0.0f, 0.0f};
+  b.uniform = {0.5f, 0.0f, 0.999f, 0.25f, 0.5f, 0.7505f, std::nextafter(1.0f, 0.0f)};
+  const std::vector<int32_t> want = {1, 0, 499, 250, 2, 750, 999};
+  // Row 4: top-k 10 then top-p 0.45 of 10 = 4.5: five tokens, 2.5 of 5: the third.
+  EXPECT_EQ(cpu_sample(b), want) << "the CPU twin";
+  EXPECT_EQ(gpu_sample(b), want);
+}
+
+TEST(CudaSampleTopKTopP, IsDeterministicAndBatchInvariant) {
+  PAGELLM_REQUIRE_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  const Batch b = make_batch(48, 5000, rng);
+  const std::vector<int32_t> first = gpu_sample(b);
+  EXPECT_EQ(gpu_sample(b), first);
+  for (int64_t r : {int64_t{0}, int64_t{17}, int64_t{47}}) {
+    Batch one;
+    one.rows = 1;
+    one.vocab = b.vocab;
+    one.logits.assign(b.logits.begin() + r * b.vocab, b.logits.begin() + (r + 1) * b.vocab);
+    one.temperature = {b.temperature[r]};
+    one.top_k = {b.top_k[r]};
+    one.top_p = {b.top_p[r]};
+    one.min_p = {b.min_p[r]};
+    one.uniform = {b.uniform[r]};
+    EXPECT_EQ(gpu_sample(one)[0], first[r]) << "row " << r << " alone";
+  }
+}
+
+TEST(CudaSampleTopKTopP, NaNLogitsAreNeverDrawn) {
+  PAGELLM_REQUIRE_GPU();
+  Batch b;
+  b.rows = 4;
+  b.vocab = 700;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < b.rows * b.vocab; ++i)
+    b.logits.push_back(i % 3 == 0 ? kNaN : normal(rng));
+  b.temperature = {1.0f, 1.0f, 1.0f, 1.0f};
+  b.top_k = {0, 5, 0, 0};
+  b.top_p = {1.0f, 1.0f, 0.5f, 1.0f};
+  b.min_p = {0.0f, 0.0f, 0.0f, 0.1f};
+  b.uniform = {0.3f, 0.9f, 0.0f, std::nextafter(1.0f, 0.0f)};
+  const std::vector<int32_t> out = gpu_sample(b);
+  for (int64_t r = 0; r < b.rows; ++r) {
+    ASSERT_TRUE(out[r] >= 0 && out[r] < b.vocab);
+    EXPECT_FALSE(std::isnan(b.logits[r * b.vocab + out[r]])) << "row " << r;
+  }
+}
+
+}  // namespace
+}  // namespace pagellm::kernels::cuda
