@@ -7,7 +7,11 @@
 //
 //   pagellm_model_bench [--model DIR] [--batches 1,8,16,32] [--context 128]
 //                       [--steps 32] [--prefill 512] [--json FILE]
+//                       [--backend cpu|cuda] [--shape llama3-8b] [--no-graphs]
 // Without --model, the `bench` demo model is written under models/bench (once).
+// --backend cuda runs on the GPU (builds with CUDA), measuring the GPU's copy
+// bandwidth; --shape llama3-8b there builds a model of Llama 3 8B's shape with random
+// bf16 weights on the device instead of loading one.
 
 #include <algorithm>
 #include <chrono>
@@ -20,10 +24,16 @@
 
 #include "bench/bench_model.h"
 #include "bench/memory_bandwidth.h"
+#include "engine/backend.h"
 #include "engine/forward_batch_builder.h"
 #include "engine/kv_cache_memory.h"
 #include "engine/llama_model.h"
 #include "paging/kv_cache_manager.h"
+
+#if PAGELLM_HAVE_CUDA
+#include "bench/cuda_bandwidth.h"
+#include "engine/cuda/cuda_backend.h"
+#endif
 
 using namespace pagellm;
 
@@ -36,6 +46,9 @@ struct Options {
   int steps = 32;     // timed decode steps per batch size
   int prefill = 512;
   std::string json_path;
+  std::string backend = "cpu";
+  std::string shape;  // a random model of a known shape (CUDA)
+  bool graphs = true;
 };
 
 Options parse(int argc, char** argv) {
@@ -61,6 +74,12 @@ Options parse(int argc, char** argv) {
       o.prefill = std::stoi(value());
     } else if (arg == "--json") {
       o.json_path = value();
+    } else if (arg == "--backend") {
+      o.backend = value();
+    } else if (arg == "--shape") {
+      o.shape = value();
+    } else if (arg == "--no-graphs") {
+      o.graphs = false;
     } else {
       throw std::runtime_error("unknown option " + arg);
     }
@@ -70,6 +89,70 @@ Options parse(int argc, char** argv) {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Llama 3 8B's config.json, for --shape llama3-8b.
+engine::ModelConfig llama3_8b_shape() {
+  engine::ModelConfig c;
+  c.architecture = engine::Architecture::kLlama;
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.max_position_embeddings = 8192;
+  c.dtype = kernels::DType::kBF16;
+  c.eos_token_ids = {128001};
+  return c;
+}
+
+struct Loaded {
+  std::unique_ptr<engine::Backend> backend;
+  double bandwidth_gbs = 0;
+  std::string name;
+};
+
+Loaded load(const Options& opt, int max_batch, int max_tokens) {
+  Loaded l;
+  if (opt.backend == "cpu") {
+    if (!opt.shape.empty()) throw std::runtime_error("--shape needs --backend cuda");
+    l.name = bench::bench_model_dir(opt.model).string();
+    l.bandwidth_gbs = bench::measure_copy_bandwidth();
+    l.backend = engine::make_cpu_backend(engine::LlamaModel::load(l.name));
+    return l;
+  }
+  if (opt.backend != "cuda") throw std::runtime_error("--backend must be cpu or cuda");
+#if PAGELLM_HAVE_CUDA
+  if (!engine::cuda_device_available()) throw std::runtime_error("no usable CUDA device here");
+  engine::BackendOptions o;
+  o.kind = "cuda";
+  o.max_num_seqs = max_batch;
+  o.max_num_batched_tokens = max_tokens;
+  o.max_model_len = max_tokens;
+  o.cuda_graphs = opt.graphs;
+  l.bandwidth_gbs = bench::measure_cuda_copy_bandwidth();
+  if (opt.shape == "llama3-8b") {
+    l.name = "random weights of Llama 3 8B's shape";
+    l.backend = engine::make_random_cuda_backend(llama3_8b_shape(), kernels::DType::kBF16, 1, o);
+  } else if (opt.shape.empty()) {
+    l.name = bench::bench_model_dir(opt.model).string();
+    l.backend = engine::make_cuda_backend(l.name, o);
+  } else {
+    throw std::runtime_error("unknown --shape '" + opt.shape + "' (llama3-8b)");
+  }
+  return l;
+#else
+  throw std::runtime_error("this build has no CUDA backend");
+#endif
 }
 
 struct DecodeResult {
@@ -82,22 +165,24 @@ struct DecodeResult {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  Options opt = parse(argc, argv);
-  opt.model = bench::bench_model_dir(opt.model);
-  const double bandwidth = bench::measure_copy_bandwidth();
-  auto model = engine::LlamaModel::load(opt.model);
-  const engine::ModelConfig& config = model->config();
-  const kernels::DType kv_dtype = engine::default_kv_dtype(config);
+  const Options opt = parse(argc, argv);
   const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
   const int max_tokens = std::max(opt.context + opt.steps + 8, opt.prefill);
+  Loaded loaded = load(opt, max_batch, max_tokens);
+  engine::Backend* model = loaded.backend.get();
+  const double bandwidth = loaded.bandwidth_gbs;
+  const engine::ModelConfig& config = model->config();
+  const kernels::DType kv_dtype = engine::default_kv_dtype(config);
   const int64_t num_blocks = int64_t(max_batch) * paging::blocks_for_tokens(max_tokens) + 64;
   paging::KVCacheManager kv(static_cast<int32_t>(num_blocks), /*enable_prefix_caching=*/false);
-  engine::KVCacheMemory memory(config, num_blocks, kv_dtype);
+  model->allocate_kv_cache(num_blocks, kv_dtype);
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size) - 1);
 
+  std::printf("backend: %s, %s\n", std::string(model->name()).c_str(),
+              model->device_description().c_str());
   std::printf("model: %s (%s, %lld layers, hidden %lld, %lld/%lld heads of %lld, vocab %lld)\n",
-              opt.model.c_str(), engine::architecture_name(config.architecture),
+              loaded.name.c_str(), engine::architecture_name(config.architecture),
               (long long)config.num_layers, (long long)config.hidden_size,
               (long long)config.num_heads, (long long)config.num_kv_heads,
               (long long)config.head_dim, (long long)config.vocab_size);
@@ -107,7 +192,7 @@ int main(int argc, char** argv) try {
   std::printf("copy bandwidth (read + write): %.1f GB/s\n\n", bandwidth);
 
   engine::ForwardBatch batch;
-  std::vector<float> logits;
+  engine::ForwardOutput logits;
   std::vector<DecodeResult> decode;
   paging::SeqId next_id = 0;
   for (int b : opt.batches) {
@@ -122,7 +207,7 @@ int main(int argc, char** argv) try {
       kv.add_sequence(ids[s], paging::PrefixMatch{}, opt.context);
       chunks.push_back({ids[s], tokens[s], 0, opt.context, true});
       engine::build_forward_batch(chunks, kv, {}, batch);
-      model->forward(batch, memory, logits);
+      model->forward(batch, logits);
       chunks.clear();
     }
     auto decode_step = [&]() {
@@ -133,19 +218,24 @@ int main(int argc, char** argv) try {
         chunks.push_back({ids[s], tokens[s], static_cast<int32_t>(tokens[s].size()) - 1, 1, true});
       }
       engine::build_forward_batch(chunks, kv, {}, batch);
-      model->forward(batch, memory, logits);
+      batch.host_logits.assign(batch.logit_rows.size(), 0);  // greedy: the argmax is enough
+      model->forward(batch, logits);
     };
-    for (int w = 0; w < 2; ++w)
+    // Warm-up: on CUDA the first step of a batch size runs eagerly and the second
+    // captures its graph.
+    for (int w = 0; w < 3; ++w)
       decode_step();
-    const auto start = std::chrono::steady_clock::now();
-    for (int step = 0; step < opt.steps; ++step)
+    std::vector<double> step_seconds;
+    for (int step = 0; step < opt.steps; ++step) {
+      const auto start = std::chrono::steady_clock::now();
       decode_step();
-    const double elapsed = seconds_since(start);
+      step_seconds.push_back(seconds_since(start));
+    }
     // KV bytes read in a step: every cached token of every sequence, at mid-run length.
-    const double mid_context = opt.context + 2 + opt.steps / 2.0;
+    const double mid_context = opt.context + 3 + opt.steps / 2.0;
     const double bytes =
         model->weight_bytes_per_step() + b * mid_context * config.kv_bytes_per_token(kv_dtype);
-    decode.push_back({b, b * opt.steps / elapsed, bytes, bandwidth * 1e9 / bytes * b});
+    decode.push_back({b, b / median(step_seconds), bytes, bandwidth * 1e9 / bytes * b});
     for (paging::SeqId id : ids)
       kv.free_sequence(id);
   }
@@ -161,7 +251,7 @@ int main(int argc, char** argv) try {
     const engine::ScheduledChunk chunk{id, prompt, 0, opt.prefill, true};
     engine::build_forward_batch({&chunk, 1}, kv, {}, batch);
     const auto start = std::chrono::steady_clock::now();
-    model->forward(batch, memory, logits);
+    model->forward(batch, logits);
     prefill_best = std::max(prefill_best, opt.prefill / seconds_since(start));
     kv.free_sequence(id);
   }

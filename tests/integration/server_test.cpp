@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/demo_model.h"
 #include "support/server_process.h"
 
@@ -656,7 +657,7 @@ TEST(ServerProcess, ShutdownTimeoutAbortsWhatIsLeft) {
   EXPECT_EQ(status, 503);
 }
 
-TEST(ServeCli, HelpListsTheOptionsAndCudaIsRefused) {
+TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
   const std::string out =
       std::filesystem::temp_directory_path() / ("pagellm_serve_help_" + std::to_string(getpid()));
   const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --help > '" + out + "'";
@@ -667,15 +668,37 @@ TEST(ServeCli, HelpListsTheOptionsAndCudaIsRefused) {
        {"--model", "--config", "--host", "--port", "--num-kv-blocks", "--kv-cache-bytes",
         "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--max-waiting",
         "--api-key", "--served-model-name", "--chat-template", "--log-level", "--shutdown-timeout",
-        "--backend", "--scheduling-policy"}) {
+        "--backend", "--scheduling-policy", "--gpu-memory-utilization"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
-  for (const char* args :
-       {"--backend cuda", "--port x", "--config /nonexistent.json",
-        "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo"}) {
+  for (const char* args : {"--backend tpu", "--port x", "--config /nonexistent.json",
+                           "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
+                           "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x"}) {
     const std::string bad = std::string("'") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
     const int status = std::system(bad.c_str());
     EXPECT_EQ(WEXITSTATUS(status), 2) << args;
+  }
+}
+
+// --backend cuda where it cannot run: a usage error in a build without CUDA, a start-up
+// error naming the reason in one without a usable GPU.
+TEST(ServeCli, CudaBackendWithoutAGpuIsRefusedWithTheReason) {
+  if (engine::cuda_device_available()) GTEST_SKIP() << "a GPU is present";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("pagellm_serve_cuda_" + std::to_string(getpid()));
+  engine::write_demo_model(dir, engine::demo_model_preset("tiny"));
+  const std::string log = (dir / "log").string();
+  const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
+                              dir.string() + "' --backend cuda > '" + log + "' 2>&1";
+  const int status = std::system(command.c_str());
+  const std::string text = test::read_text_file(log);
+  std::filesystem::remove_all(dir);
+  if (engine::cuda_backend_built()) {
+    EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+    EXPECT_NE(text.find("no usable CUDA device"), std::string::npos) << text;
+  } else {
+    EXPECT_EQ(WEXITSTATUS(status), 2) << text;
+    EXPECT_NE(text.find("no CUDA support"), std::string::npos) << text;
   }
 }
 

@@ -1,0 +1,775 @@
+#include "engine/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/model_weights.h"
+#include "engine/safetensors.h"
+#include "engine/tokenizer_config.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/kernels.h"
+
+namespace pagellm::engine {
+namespace cuda = kernels::cuda;
+using kernels::DType;
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+namespace {
+
+// One cudaMalloc'ed region, freed on destruction.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  explicit DeviceMemory(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) PAGELLM_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  }
+  DeviceMemory(DeviceMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DeviceMemory& operator=(DeviceMemory&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~DeviceMemory() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Page-locked host memory (fast, asynchronous copies), freed on destruction.
+class PinnedMemory {
+ public:
+  PinnedMemory() = default;
+  explicit PinnedMemory(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) PAGELLM_CUDA_CHECK(cudaMallocHost(&ptr_, bytes));
+  }
+  PinnedMemory(PinnedMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  PinnedMemory& operator=(PinnedMemory&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~PinnedMemory() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+float host_value(const void* data, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kF16:
+      return kernels::f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBF16:
+      return kernels::bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+  }
+  return 0;
+}
+
+// `n` values of `from` at `src` as `to`, appended to `out` (raw bytes).
+void append_converted(const void* src, DType from, DType to, int64_t n,
+                      std::vector<unsigned char>& out) {
+  const size_t start = out.size();
+  out.resize(start + static_cast<size_t>(n * kernels::dtype_size(to)));
+  unsigned char* dst = out.data() + start;
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<size_t>(n * kernels::dtype_size(to)));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = host_value(src, from, i);
+    if (to == DType::kF32) {
+      std::memcpy(dst + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = to == DType::kBF16 ? kernels::f32_to_bf16(v) : kernels::f32_to_f16(v);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
+  }
+}
+
+// Decode graphs are captured for these batch sizes; a batch runs in the smallest that
+// holds it (the extra rows are padding that writes nothing).
+constexpr int32_t kGraphBatchSizes[] = {1,   2,   4,   8,   16,  24,  32,  48,  64, 96,
+                                        128, 160, 192, 224, 256, 320, 384, 448, 512};
+constexpr int32_t kMinGraphContext = 512;
+
+int32_t round_up_pow2(int32_t v, int32_t at_least) {
+  int32_t p = at_least;
+  while (p < v)
+    p *= 2;
+  return p;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(ModelConfig config, const BackendOptions& options, DType weight_dtype)
+      : config_(std::move(config)), options_(options) {
+    PAGELLM_CUDA_CHECK(cudaSetDevice(options.device));
+    cudaDeviceProp prop{};
+    PAGELLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device));
+    device_name_ = prop.name;
+    PAGELLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    blas_ = std::make_unique<cuda::Blas>(stream_);
+    compute_dtype_ = options.float32_compute ? DType::kF32 : weight_dtype;
+    max_model_len_ = options.max_model_len > 0
+                         ? options.max_model_len
+                         : static_cast<int32_t>(config_.max_position_embeddings);
+    const int64_t D = config_.head_dim;
+    if (D % 2 != 0) throw ConfigError("head_dim must be even for RoPE");
+    q_dim_ = config_.num_heads * D;
+    kv_dim_ = config_.num_kv_heads * D;
+  }
+
+  ~CudaBackend() override {
+    graphs_.clear();
+    if (stream_) {
+      cudaStreamSynchronize(stream_);
+      blas_.reset();
+      cudaStreamDestroy(stream_);
+    }
+  }
+
+  // Weights from a checkpoint (host memory-mapped), converted to the compute dtype
+  // where they differ from it.
+  void upload(const ModelWeights& w) {
+    embed_dtype_ = w.embed_tokens.dtype;
+    embed_ = upload_tensor(w.embed_tokens, embed_dtype_);
+    final_norm_ = upload_tensor(w.final_norm, w.final_norm.dtype);
+    final_norm_dtype_ = w.final_norm.dtype;
+    lm_head_ = upload_tensor(w.lm_head, compute_dtype_);
+    for (const LayerWeights& src : w.layers) {
+      Layer dst;
+      dst.qkv = upload_concat({&src.q_proj, &src.k_proj, &src.v_proj});
+      if (src.q_bias || src.k_bias || src.v_bias) {
+        std::vector<unsigned char> bias;
+        const std::optional<TensorView>* parts[] = {&src.q_bias, &src.k_bias, &src.v_bias};
+        const int64_t sizes[] = {q_dim_, kv_dim_, kv_dim_};
+        for (int i = 0; i < 3; ++i) {
+          if (*parts[i]) {
+            append_converted((*parts[i])->data, (*parts[i])->dtype, DType::kF32, sizes[i], bias);
+          } else {
+            const std::vector<float> zeros(sizes[i], 0.0f);
+            append_converted(zeros.data(), DType::kF32, DType::kF32, sizes[i], bias);
+          }
+        }
+        dst.qkv_bias = to_device(bias);
+      }
+      dst.o = upload_tensor(src.o_proj, compute_dtype_);
+      dst.gate_up = upload_concat({&src.gate_proj, &src.up_proj});
+      dst.down = upload_tensor(src.down_proj, compute_dtype_);
+      dst.input_norm = upload_tensor(src.input_norm, src.input_norm.dtype);
+      dst.input_norm_dtype = src.input_norm.dtype;
+      dst.post_norm = upload_tensor(src.post_attention_norm, src.post_attention_norm.dtype);
+      dst.post_norm_dtype = src.post_attention_norm.dtype;
+      if (src.q_norm) {
+        dst.q_norm = upload_tensor(*src.q_norm, src.q_norm->dtype);
+        dst.k_norm = upload_tensor(*src.k_norm, src.k_norm->dtype);
+        dst.qk_norm_dtype = src.q_norm->dtype;
+      }
+      layers_.push_back(std::move(dst));
+    }
+    finish_setup();
+  }
+
+  // Random weights of the model's shape, made on the device (benchmarks). Norm weights
+  // are near 1 so activations keep a realistic scale.
+  void randomize(uint64_t seed) {
+    const ModelConfig& c = config_;
+    const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+    auto random = [&](int64_t n, float scale) {
+      DeviceMemory m(static_cast<size_t>(n * kernels::dtype_size(compute_dtype_)));
+      cuda::fill_uniform(m.get(), compute_dtype_, n, scale, seed++, stream_);
+      return m;
+    };
+    auto norm = [&](int64_t n) {
+      std::vector<float> host(n);
+      for (int64_t i = 0; i < n; ++i)
+        host[i] = 1.0f + 0.01f * static_cast<float>((i * 7919) % 13 - 6);
+      std::vector<unsigned char> bytes;
+      append_converted(host.data(), DType::kF32, compute_dtype_, n, bytes);
+      return to_device(bytes);
+    };
+    embed_dtype_ = compute_dtype_;
+    embed_ = random(V * H, 1.0f);
+    final_norm_ = norm(H);
+    final_norm_dtype_ = compute_dtype_;
+    lm_head_ = random(V * H, 1.0f / std::sqrt(static_cast<float>(H)));
+    const float in_scale = 1.0f / std::sqrt(static_cast<float>(H));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      Layer dst;
+      dst.qkv = random((q_dim_ + 2 * kv_dim_) * H, in_scale);
+      dst.o = random(H * q_dim_, 1.0f / std::sqrt(static_cast<float>(q_dim_)));
+      dst.gate_up = random(2 * I * H, in_scale);
+      dst.down = random(H * I, 1.0f / std::sqrt(static_cast<float>(I)));
+      dst.input_norm = norm(H);
+      dst.post_norm = norm(H);
+      dst.input_norm_dtype = dst.post_norm_dtype = compute_dtype_;
+      if (c.qk_norm) {
+        dst.q_norm = norm(c.head_dim);
+        dst.k_norm = norm(c.head_dim);
+        dst.qk_norm_dtype = compute_dtype_;
+      }
+      layers_.push_back(std::move(dst));
+    }
+    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    finish_setup();
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  std::string device_description() const override {
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    return device_name_ + " (device " + std::to_string(options_.device) + ", " +
+           std::to_string(total >> 20) + " MiB, " + std::to_string(weight_bytes_ >> 20) +
+           " MiB of weights in " + kernels::dtype_name(compute_dtype_) + ")";
+  }
+  const ModelConfig& config() const override { return config_; }
+  int64_t weight_bytes_per_step() const override { return weight_bytes_; }
+
+  std::optional<int64_t> kv_cache_budget(double fraction) const override {
+    size_t free = 0, total = 0;
+    PAGELLM_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(static_cast<double>(free) * fraction);
+  }
+
+  void allocate_kv_cache(int64_t num_blocks, DType dtype) override {
+    if (!kv_.empty()) throw std::logic_error("the KV cache is allocated once");
+    PAGELLM_CUDA_CHECK(cudaSetDevice(options_.device));
+    kv_dtype_ = dtype;
+    kv_blocks_ = num_blocks;
+    const int64_t per_tensor = num_blocks * cuda::kBlockSize * kv_dim_ * kernels::dtype_size(dtype);
+    kv_memory_ = DeviceMemory(static_cast<size_t>(2 * config_.num_layers * per_tensor));
+    // Zeroed, as on the CPU: a block is always written before it is read, but a clean
+    // pool makes a stray read show as zeros rather than as old data.
+    PAGELLM_CUDA_CHECK(cudaMemsetAsync(kv_memory_.get(), 0, kv_memory_.bytes(), stream_));
+    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int64_t l = 0; l < config_.num_layers; ++l) {
+      unsigned char* base = kv_memory_.get<unsigned char>() + 2 * l * per_tensor;
+      kv_.push_back({base, base + per_tensor, dtype, num_blocks,
+                     static_cast<int>(config_.num_kv_heads), static_cast<int>(config_.head_dim)});
+    }
+  }
+  int64_t kv_cache_bytes() const override { return static_cast<int64_t>(kv_memory_.bytes()); }
+
+  void forward(const ForwardBatch& batch, ForwardOutput& out) override;
+
+ private:
+  struct Layer {
+    DeviceMemory qkv, qkv_bias, o, gate_up, down;  // projections in compute_dtype_
+    DeviceMemory input_norm, post_norm, q_norm, k_norm;
+    DType input_norm_dtype = DType::kF32, post_norm_dtype = DType::kF32,
+          qk_norm_dtype = DType::kF32;
+  };
+
+  // The shape of one step, as the kernels see it.
+  struct Step {
+    int32_t tokens = 0;
+    int32_t seqs = 0;
+    int32_t logit_rows = 0;
+    int32_t max_q_len = 0;
+    int32_t table_width = 0;  // block-table row length
+    int32_t max_context = 0;  // decode: the attention grid covers this many tokens
+    bool decode = false;
+  };
+
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    Graph() = default;
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    ~Graph() {
+      if (exec) cudaGraphExecDestroy(exec);
+    }
+  };
+
+  DeviceMemory to_device(const std::vector<unsigned char>& bytes) {
+    DeviceMemory m(bytes.size());
+    PAGELLM_CUDA_CHECK(cudaMemcpy(m.get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    return m;
+  }
+  DeviceMemory upload_tensor(const TensorView& t, DType to) {
+    std::vector<unsigned char> bytes;
+    append_converted(t.data, t.dtype, to, t.num_elements(), bytes);
+    return to_device(bytes);
+  }
+  // Row-wise concatenation ([n1 + n2 + ..., k]) of weights that read the same input.
+  DeviceMemory upload_concat(std::initializer_list<const TensorView*> parts) {
+    std::vector<unsigned char> bytes;
+    for (const TensorView* t : parts)
+      append_converted(t->data, t->dtype, compute_dtype_, t->num_elements(), bytes);
+    return to_device(bytes);
+  }
+
+  void finish_setup();
+  void ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_width);
+  void upload_inputs(const ForwardBatch& batch, const Step& step, int32_t padded_seqs);
+  void enqueue(const Step& step);  // the whole pass, embedding to argmax, on stream_
+  cuda::KVCacheLayer layer_cache(int64_t l) const { return kv_[static_cast<size_t>(l)]; }
+
+  ModelConfig config_;
+  BackendOptions options_;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::Blas> blas_;
+  DType compute_dtype_ = DType::kBF16;
+  int32_t max_model_len_ = 0;
+  int64_t q_dim_ = 0, kv_dim_ = 0;
+  int64_t weight_bytes_ = 0;
+
+  // Weights.
+  DeviceMemory embed_, final_norm_, lm_head_, inv_freq_;
+  DType embed_dtype_ = DType::kBF16, final_norm_dtype_ = DType::kBF16;
+  std::vector<Layer> layers_;
+
+  // KV pool: per layer K then V, [num_blocks, 16, kv_heads, head_dim] each.
+  DeviceMemory kv_memory_;
+  std::vector<cuda::KVCacheLayer> kv_;
+  DType kv_dtype_ = DType::kBF16;
+  int64_t kv_blocks_ = 0;
+
+  // Activations and step inputs, sized for the largest step (ensure_capacity).
+  int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_width_ = 0;
+  DeviceMemory hidden_, proj_, normed_, qkv_, q_, k_, v_, attn_, gate_up_, mlp_;
+  DeviceMemory rows_hidden_, rows_proj_, rows_normed_, logits_, argmax_, workspace_;
+  int32_t workspace_seqs_ = 0, workspace_context_ = 0;
+  DeviceMemory in_ids_, in_positions_, in_slots_, in_query_start_, in_context_lens_,
+      in_block_tables_, in_logit_rows_, in_copy_src_, in_copy_dst_;
+  DeviceMemory sample_temperature_, sample_top_k_, sample_top_p_, sample_min_p_, sample_uniform_,
+      sampled_;
+  PinnedMemory host_argmax_, host_logits_, host_sampled_;
+  int32_t cap_host_rows_ = 0;
+  std::vector<int32_t> staging_i32_;
+  std::vector<int64_t> staging_i64_;
+  std::vector<float> staging_f32_[4];
+
+  // Decode graphs by (batch size, context bucket).
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<Graph>> graphs_;
+  std::map<std::pair<int32_t, int32_t>, int> graph_seen_;
+};
+
+void CudaBackend::finish_setup() {
+  const std::vector<float> inv_freq = rope_inv_freq(config_);
+  std::vector<unsigned char> bytes;
+  append_converted(inv_freq.data(), DType::kF32, DType::kF32, static_cast<int64_t>(inv_freq.size()),
+                   bytes);
+  inv_freq_ = to_device(bytes);
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  const int64_t per_layer = (q_dim_ + 2 * kv_dim_) * H + H * q_dim_ + 2 * I * H + H * I;
+  weight_bytes_ = (config_.num_layers * per_layer + config_.vocab_size * H) *
+                  kernels::dtype_size(compute_dtype_);
+  // Buffers for the largest step the engine will run, before the KV pool takes the rest.
+  int32_t graph_seqs = options_.max_num_seqs;
+  if (options_.cuda_graphs) {
+    for (int32_t b : kGraphBatchSizes) {
+      if (b >= options_.max_num_seqs) {
+        graph_seqs = b;
+        break;
+      }
+    }
+  }
+  const int32_t width =
+      (round_up_pow2(max_model_len_, kMinGraphContext) + cuda::kBlockSize - 1) / cuda::kBlockSize;
+  ensure_capacity(std::max(options_.max_num_batched_tokens, graph_seqs), graph_seqs, width);
+}
+
+void CudaBackend::ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_width) {
+  if (tokens <= cap_tokens_ && seqs <= cap_seqs_ && table_width <= cap_width_) return;
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  graphs_.clear();  // they point at the buffers about to be replaced
+  graph_seen_.clear();
+  const ModelConfig& c = config_;
+  const int64_t T = std::max(tokens, cap_tokens_);
+  const int64_t S = std::max(seqs, cap_seqs_);
+  const int64_t W = std::max(table_width, cap_width_);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t act = kernels::dtype_size(compute_dtype_);
+  const size_t f = sizeof(float);
+  hidden_ = DeviceMemory(T * H * f);
+  proj_ = DeviceMemory(T * H * f);
+  normed_ = DeviceMemory(T * H * act);
+  qkv_ = DeviceMemory(T * (q_dim_ + 2 * kv_dim_) * f);
+  q_ = DeviceMemory(T * q_dim_ * f);
+  k_ = DeviceMemory(T * kv_dim_ * f);
+  v_ = DeviceMemory(T * kv_dim_ * f);
+  attn_ = DeviceMemory(T * q_dim_ * act);
+  gate_up_ = DeviceMemory(T * 2 * I * f);
+  mlp_ = DeviceMemory(T * I * act);
+  // At most one logit row per sequence.
+  rows_hidden_ = DeviceMemory(S * H * f);
+  rows_proj_ = DeviceMemory(S * H * f);
+  rows_normed_ = DeviceMemory(S * H * act);
+  logits_ = DeviceMemory(S * V * f);
+  argmax_ = DeviceMemory(S * sizeof(int32_t));
+  workspace_seqs_ = static_cast<int32_t>(S);
+  workspace_context_ = static_cast<int32_t>(W * cuda::kBlockSize);
+  workspace_ = DeviceMemory(cuda::paged_attention_decode_workspace_bytes(
+      workspace_seqs_, static_cast<int>(c.num_heads), static_cast<int>(c.head_dim),
+      workspace_context_));
+  in_ids_ = DeviceMemory(T * sizeof(int32_t));
+  in_positions_ = DeviceMemory(T * sizeof(int32_t));
+  in_slots_ = DeviceMemory(T * sizeof(int64_t));
+  in_query_start_ = DeviceMemory((S + 1) * sizeof(int32_t));
+  in_context_lens_ = DeviceMemory(S * sizeof(int32_t));
+  in_block_tables_ = DeviceMemory(S * W * sizeof(int32_t));
+  in_logit_rows_ = DeviceMemory(S * sizeof(int32_t));
+  in_copy_src_ = DeviceMemory(S * W * sizeof(int32_t));
+  in_copy_dst_ = DeviceMemory(S * W * sizeof(int32_t));
+  sample_temperature_ = DeviceMemory(S * f);
+  sample_top_k_ = DeviceMemory(S * sizeof(int32_t));
+  sample_top_p_ = DeviceMemory(S * f);
+  sample_min_p_ = DeviceMemory(S * f);
+  sample_uniform_ = DeviceMemory(S * f);
+  sampled_ = DeviceMemory(S * sizeof(int32_t));
+  host_argmax_ = PinnedMemory(S * sizeof(int32_t));
+  host_sampled_ = PinnedMemory(S * sizeof(int32_t));
+  host_logits_ = PinnedMemory(S * V * f);
+  cap_tokens_ = static_cast<int32_t>(T);
+  cap_seqs_ = static_cast<int32_t>(S);
+  cap_width_ = static_cast<int32_t>(W);
+}
+
+void CudaBackend::upload_inputs(const ForwardBatch& batch, const Step& step, int32_t padded_seqs) {
+  const int32_t T = step.tokens, S = step.seqs, P = padded_seqs;
+  // Padding rows (graph batches): token 0 at position 0, no slot, an empty context.
+  auto copy = [&](void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) {
+      PAGELLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    }
+  };
+  // Host staging lives in pageable vectors: cudaMemcpyAsync from pageable memory returns
+  // once the data is staged, so the vectors may be reused at once.
+  staging_i32_.assign(batch.token_ids.begin(), batch.token_ids.end());
+  staging_i32_.resize(P + (T - S), 0);
+  copy(in_ids_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
+  staging_i32_.assign(batch.positions.begin(), batch.positions.end());
+  staging_i32_.resize(P + (T - S), 0);
+  copy(in_positions_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
+  staging_i64_.assign(batch.slots.begin(), batch.slots.end());
+  staging_i64_.resize(P + (T - S), -1);
+  copy(in_slots_.get(), staging_i64_.data(), staging_i64_.size() * sizeof(int64_t));
+  staging_i32_.assign(batch.query_start.begin(), batch.query_start.end());
+  for (int32_t s = S; s < P; ++s)
+    staging_i32_.push_back(staging_i32_.back() + 1);
+  copy(in_query_start_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
+  staging_i32_.assign(batch.context_lens.begin(), batch.context_lens.end());
+  staging_i32_.resize(P, 0);
+  copy(in_context_lens_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
+  // Block tables re-laid with the step's row width.
+  const int32_t W = step.table_width;
+  staging_i32_.assign(static_cast<size_t>(P) * W, -1);
+  for (int32_t s = 0; s < S; ++s) {
+    const int32_t* row =
+        batch.block_tables.data() + static_cast<size_t>(s) * batch.max_blocks_per_seq;
+    std::copy(row, row + std::min(batch.max_blocks_per_seq, W),
+              staging_i32_.begin() + size_t(s) * W);
+  }
+  copy(in_block_tables_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
+  staging_i32_.assign(batch.logit_rows.begin(), batch.logit_rows.end());
+  for (int32_t s = S; s < P; ++s)
+    staging_i32_.push_back(T + (s - S));  // padding rows' own tokens
+  copy(in_logit_rows_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
+  if (!batch.copy_src.empty()) {
+    copy(in_copy_src_.get(), batch.copy_src.data(), batch.copy_src.size() * sizeof(int32_t));
+    copy(in_copy_dst_.get(), batch.copy_dst.data(), batch.copy_dst.size() * sizeof(int32_t));
+  }
+}
+
+void CudaBackend::enqueue(const Step& st) {
+  const ModelConfig& c = config_;
+  const int64_t T = st.tokens, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int nh = static_cast<int>(c.num_heads), nkv = static_cast<int>(c.num_kv_heads);
+  const int64_t qkv_n = q_dim_ + 2 * kv_dim_;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const DType cdt = compute_dtype_;
+  float* hidden = hidden_.get<float>();
+  float* proj = proj_.get<float>();
+  float* q = q_.get<float>();
+  float* k = k_.get<float>();
+  float* v = v_.get<float>();
+  const cuda::PagedAttentionBatch attention{st.seqs,
+                                            in_query_start_.get<int32_t>(),
+                                            in_context_lens_.get<int32_t>(),
+                                            in_block_tables_.get<int32_t>(),
+                                            st.table_width,
+                                            static_cast<int32_t>(c.sliding_window)};
+
+  cuda::embedding(in_ids_.get<int32_t>(), T, embed_.get(), embed_dtype_, H, hidden, stream_);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const Layer& layer = layers_[static_cast<size_t>(l)];
+    const cuda::KVCacheLayer kv = layer_cache(l);
+    if (l == 0) {
+      cuda::rmsnorm(hidden, layer.input_norm.get(), layer.input_norm_dtype, T, H, eps,
+                    normed_.get(), cdt, stream_);
+    } else {
+      cuda::add_rmsnorm(hidden, proj, layer.input_norm.get(), layer.input_norm_dtype, T, H, eps,
+                        normed_.get(), cdt, stream_);
+    }
+    float* qkv = qkv_.get<float>();
+    blas_->matmul(normed_.get(), layer.qkv.get(), cdt, T, qkv_n, H, qkv);
+    if (layer.qkv_bias.get()) cuda::add_bias(qkv, layer.qkv_bias.get<float>(), T, qkv_n, stream_);
+    // Split q|k|v rows into contiguous q, k and v.
+    const size_t row = static_cast<size_t>(qkv_n) * sizeof(float);
+    PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(q, q_dim_ * sizeof(float), qkv, row,
+                                         q_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
+                                         stream_));
+    PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(k, kv_dim_ * sizeof(float), qkv + q_dim_, row,
+                                         kv_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
+                                         stream_));
+    PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(v, kv_dim_ * sizeof(float), qkv + q_dim_ + kv_dim_, row,
+                                         kv_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
+                                         stream_));
+    if (layer.q_norm.get()) {
+      cuda::rmsnorm(q, layer.q_norm.get(), layer.qk_norm_dtype, T * nh, D, eps, q, DType::kF32,
+                    stream_);
+      cuda::rmsnorm(k, layer.k_norm.get(), layer.qk_norm_dtype, T * nkv, D, eps, k, DType::kF32,
+                    stream_);
+    }
+    cuda::rope(q, k, in_positions_.get<int32_t>(), T, nh, nkv, static_cast<int>(D),
+               inv_freq_.get<float>(), stream_);
+    cuda::write_kv(k, v, in_slots_.get<int64_t>(), T, kv, stream_);
+    if (st.decode) {
+      cuda::paged_attention_decode(q, kv, attention, st.max_context, nh, scale, workspace_.get(),
+                                   attn_.get(), cdt, stream_);
+    } else {
+      cuda::paged_attention(q, kv, attention, st.tokens, st.max_q_len, nh, scale, attn_.get(), cdt,
+                            stream_);
+    }
+    blas_->matmul(attn_.get(), layer.o.get(), cdt, T, H, q_dim_, proj);
+    cuda::add_rmsnorm(hidden, proj, layer.post_norm.get(), layer.post_norm_dtype, T, H, eps,
+                      normed_.get(), cdt, stream_);
+    blas_->matmul(normed_.get(), layer.gate_up.get(), cdt, T, 2 * I, H, gate_up_.get<float>());
+    cuda::silu_mul_fused(gate_up_.get<float>(), T, I, mlp_.get(), cdt, stream_);
+    blas_->matmul(mlp_.get(), layer.down.get(), cdt, T, H, I, proj);
+  }
+  // Only the rows whose next token is wanted go through the final norm and lm_head,
+  // as hidden + proj (the last sublayer's residual add), exactly as on the CPU.
+  const int64_t R = st.logit_rows;
+  cuda::embedding(in_logit_rows_.get<int32_t>(), R, hidden, DType::kF32, H,
+                  rows_hidden_.get<float>(), stream_);
+  cuda::embedding(in_logit_rows_.get<int32_t>(), R, proj, DType::kF32, H, rows_proj_.get<float>(),
+                  stream_);
+  cuda::add_rmsnorm(rows_hidden_.get<float>(), rows_proj_.get<float>(), final_norm_.get(),
+                    final_norm_dtype_, R, H, eps, rows_normed_.get(), cdt, stream_);
+  blas_->matmul(rows_normed_.get(), lm_head_.get(), cdt, R, c.vocab_size, H, logits_.get<float>());
+  cuda::argmax(logits_.get<float>(), R, c.vocab_size, argmax_.get<int32_t>(), stream_);
+}
+
+void CudaBackend::forward(const ForwardBatch& batch, ForwardOutput& out) {
+  if (kv_.empty()) throw std::logic_error("forward before allocate_kv_cache");
+  // The engine thread is not the one that loaded the model: the current device is
+  // per thread.
+  PAGELLM_CUDA_CHECK(cudaSetDevice(options_.device));
+  const ModelConfig& c = config_;
+  Step st;
+  st.tokens = batch.num_tokens();
+  st.seqs = batch.num_seqs();
+  st.logit_rows = static_cast<int32_t>(batch.logit_rows.size());
+  int32_t max_context = 0;
+  for (int32_t s = 0; s < st.seqs; ++s) {
+    st.max_q_len = std::max(st.max_q_len, batch.query_start[s + 1] - batch.query_start[s]);
+    max_context = std::max(max_context, batch.context_lens[s]);
+  }
+  st.decode = st.tokens == st.seqs && st.logit_rows == st.seqs;
+  st.table_width = batch.max_blocks_per_seq;
+  st.max_context = max_context;
+
+  // A decode step runs from a graph captured for its bucket: the batch padded to a
+  // captured size, the block tables to a power-of-two context.
+  int32_t padded = st.seqs;
+  std::pair<int32_t, int32_t> key{0, 0};
+  bool use_graph = false;
+  if (options_.cuda_graphs && st.decode && st.seqs > 0) {
+    for (int32_t b : kGraphBatchSizes) {
+      if (b >= st.seqs) {
+        padded = b;
+        break;
+      }
+    }
+    const int32_t context = round_up_pow2(max_context, kMinGraphContext);
+    if (padded >= st.seqs && padded <= cap_seqs_ && context <= workspace_context_) {
+      use_graph = true;
+      key = {padded, context};
+      st.table_width = context / cuda::kBlockSize;
+      st.max_context = context;
+    } else {
+      padded = st.seqs;
+    }
+  }
+  if (!use_graph) padded = st.seqs;
+  ensure_capacity(st.tokens + (padded - st.seqs), padded, st.table_width);
+  if (!use_graph && st.decode && max_context > workspace_context_) {
+    throw std::invalid_argument("context of " + std::to_string(max_context) +
+                                " tokens is over the backend's max_model_len");
+  }
+
+  upload_inputs(batch, st, padded);
+  if (!batch.copy_src.empty()) {
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      cuda::copy_blocks(layer_cache(l), in_copy_src_.get<int32_t>(), in_copy_dst_.get<int32_t>(),
+                        static_cast<int64_t>(batch.copy_src.size()), stream_);
+    }
+  }
+
+  if (use_graph) {
+    Step padded_step = st;
+    padded_step.tokens = padded;
+    padded_step.seqs = padded;
+    padded_step.logit_rows = padded;
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) {
+      PAGELLM_CUDA_CHECK(cudaGraphLaunch(it->second->exec, stream_));
+    } else {
+      // The first step of a bucket runs as it is (cuBLAS picks and loads its kernels);
+      // the second captures the bucket's graph, which every later one replays.
+      enqueue(padded_step);
+      if (graph_seen_[key]++ > 0) {
+        PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        cudaGraph_t graph = nullptr;
+        PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        try {
+          enqueue(padded_step);
+        } catch (...) {
+          cudaStreamEndCapture(stream_, &graph);
+          if (graph) cudaGraphDestroy(graph);
+          throw;
+        }
+        PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+        auto g = std::make_unique<Graph>();
+        const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
+        cudaGraphDestroy(graph);
+        PAGELLM_CUDA_CHECK(err);
+        graphs_[key] = std::move(g);
+      }
+    }
+  } else {
+    enqueue(st);
+  }
+
+  // Results: every row's argmax, the draws asked for, and the logits the host wants.
+  const int32_t R = st.logit_rows;
+  const int64_t V = c.vocab_size;
+  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(host_argmax_.get(), argmax_.get(), R * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, stream_));
+  if (!batch.sampling.empty()) {
+    // Every row goes through the kernel; a row the backend does not sample gets top-k 1
+    // (its argmax) and is answered from argmax_ below.
+    for (auto& v : staging_f32_)
+      v.assign(R, 0.0f);
+    staging_i32_.assign(R, 1);
+    for (int32_t r = 0; r < R; ++r) {
+      const RowSampling& rs = batch.sampling[r];
+      const bool sampled = rs.temperature > 0.0f;
+      staging_f32_[0][r] = sampled ? rs.temperature : 1.0f;
+      staging_i32_[r] = sampled ? rs.top_k : 1;
+      staging_f32_[1][r] = sampled ? rs.top_p : 1.0f;
+      staging_f32_[2][r] = sampled ? rs.min_p : 0.0f;
+      // The device draws in float: a draw within float rounding below 1 stays below 1.
+      staging_f32_[3][r] = std::min(static_cast<float>(rs.uniform), 0x1.fffffep-1f);
+    }
+    const size_t fb = R * sizeof(float);
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_temperature_.get(), staging_f32_[0].data(), fb,
+                                       cudaMemcpyHostToDevice, stream_));
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_top_k_.get(), staging_i32_.data(),
+                                       R * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_top_p_.get(), staging_f32_[1].data(), fb,
+                                       cudaMemcpyHostToDevice, stream_));
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_min_p_.get(), staging_f32_[2].data(), fb,
+                                       cudaMemcpyHostToDevice, stream_));
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_uniform_.get(), staging_f32_[3].data(), fb,
+                                       cudaMemcpyHostToDevice, stream_));
+    const cuda::SamplingRows rows{sample_temperature_.get<float>(), sample_top_k_.get<int32_t>(),
+                                  sample_top_p_.get<float>(), sample_min_p_.get<float>(),
+                                  sample_uniform_.get<float>()};
+    cuda::sample_top_k_top_p(logits_.get<float>(), R, V, rows, sampled_.get<int32_t>(), stream_);
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(host_sampled_.get(), sampled_.get(), R * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, stream_));
+  }
+  int32_t wanted = 0;
+  for (int32_t r = 0; r < R; ++r)
+    wanted += batch.host_logits.empty() || batch.host_logits[r] ? 1 : 0;
+  const size_t row_bytes = static_cast<size_t>(V) * sizeof(float);
+  if (wanted == R) {
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(host_logits_.get(), logits_.get(), R * row_bytes,
+                                       cudaMemcpyDeviceToHost, stream_));
+  } else {
+    for (int32_t r = 0; r < R; ++r) {
+      if (!batch.host_logits[r]) continue;
+      PAGELLM_CUDA_CHECK(cudaMemcpyAsync(host_logits_.get<unsigned char>() + r * row_bytes,
+                                         logits_.get<unsigned char>() + r * row_bytes, row_bytes,
+                                         cudaMemcpyDeviceToHost, stream_));
+    }
+  }
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  out.argmax.assign(host_argmax_.get<int32_t>(), host_argmax_.get<int32_t>() + R);
+  out.sampled.clear();
+  if (!batch.sampling.empty()) {
+    out.sampled = out.argmax;
+    for (int32_t r = 0; r < R; ++r) {
+      if (batch.sampling[r].temperature > 0.0f) out.sampled[r] = host_sampled_.get<int32_t>()[r];
+    }
+  }
+  out.logits.resize(static_cast<size_t>(R) * V);
+  for (int32_t r = 0; r < R; ++r) {
+    if (!batch.host_logits.empty() && !batch.host_logits[r]) continue;
+    std::memcpy(out.logits.data() + static_cast<size_t>(r) * V,
+                host_logits_.get<unsigned char>() + r * row_bytes, row_bytes);
+  }
+}
+
+DType weight_dtype_of(const ModelWeights& w) {
+  return w.layers.empty() ? w.lm_head.dtype : w.layers.front().q_proj.dtype;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const std::filesystem::path& model_dir,
+                                           const BackendOptions& options) {
+  ModelConfig config = load_model_config(model_dir);
+  SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(model_dir);
+  const ModelWeights weights = bind_weights(config, checkpoint);
+  auto backend = std::make_unique<CudaBackend>(config, options, weight_dtype_of(weights));
+  backend->upload(weights);
+  return backend;
+}
+
+std::unique_ptr<Backend> make_random_cuda_backend(const ModelConfig& config, DType dtype,
+                                                  uint64_t seed, const BackendOptions& options) {
+  auto backend = std::make_unique<CudaBackend>(config, options, dtype);
+  backend->randomize(seed);
+  return backend;
+}
+
+}  // namespace pagellm::engine
