@@ -125,11 +125,45 @@ constexpr int32_t kGraphBatchSizes[] = {1,   2,   4,   8,   16,  24,  32,  48,  
                                         128, 160, 192, 224, 256, 320, 384, 448, 512};
 constexpr int32_t kMinGraphContext = 512;
 
-int32_t round_up_pow2(int32_t v, int32_t at_least) {
-  int32_t p = at_least;
+int64_t round_up_pow2(int64_t v, int64_t at_least) {
+  int64_t p = at_least;
   while (p < v)
     p *= 2;
   return p;
+}
+
+// Page-locked staging for one step's inputs: taken in order, reset every step (each
+// step ends with a stream synchronization, so the previous step's copies are done).
+class Staging {
+ public:
+  void reserve(size_t bytes) {
+    if (bytes > capacity_) {
+      memory_ = PinnedMemory(bytes);
+      capacity_ = bytes;
+    }
+    used_ = 0;
+  }
+  void reset() { used_ = 0; }
+  template <typename T>
+  T* take(size_t n) {
+    const size_t start = (used_ + 15) / 16 * 16;
+    const size_t bytes = n * sizeof(T);
+    if (start + bytes > capacity_) throw std::logic_error("CUDA backend: input staging overflow");
+    used_ = start + bytes;
+    return reinterpret_cast<T*>(memory_.get<unsigned char>() + start);
+  }
+
+ private:
+  PinnedMemory memory_;
+  size_t capacity_ = 0, used_ = 0;
+};
+
+// The kernels' shapes (kernels/cuda/attention.cu): checked when the model loads.
+bool attention_supports(const ModelConfig& c) {
+  const int64_t d = c.head_dim;
+  const bool dim = d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
+  return dim && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0 &&
+         c.num_heads / c.num_kv_heads <= 16;
 }
 
 class CudaBackend final : public Backend {
@@ -143,22 +177,31 @@ class CudaBackend final : public Backend {
     PAGELLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     blas_ = std::make_unique<cuda::Blas>(stream_);
     compute_dtype_ = options.float32_compute ? DType::kF32 : weight_dtype;
-    max_model_len_ = options.max_model_len > 0
-                         ? options.max_model_len
-                         : static_cast<int32_t>(config_.max_position_embeddings);
+    const int64_t max_len =
+        options.max_model_len > 0 ? options.max_model_len : config_.max_position_embeddings;
+    if (max_len > (int64_t(1) << 30)) {
+      throw ConfigError("backend cuda: max_model_len " + std::to_string(max_len) +
+                        " is over 2^30 tokens (set --max-model-len)");
+    }
+    max_model_len_ = static_cast<int32_t>(max_len);
     const int64_t D = config_.head_dim;
-    if (D % 2 != 0) throw ConfigError("head_dim must be even for RoPE");
+    if (!attention_supports(config_)) {
+      throw ConfigError(
+          "backend cuda: attention supports head_dim 16, 32, 64, 128 or 256 and "
+          "at most 16 query heads per KV head; this model has head_dim " +
+          std::to_string(D) + ", " + std::to_string(config_.num_heads) + " query and " +
+          std::to_string(config_.num_kv_heads) + " KV heads");
+    }
     q_dim_ = config_.num_heads * D;
     kv_dim_ = config_.num_kv_heads * D;
   }
 
   ~CudaBackend() override {
+    cudaSetDevice(options_.device);
+    if (stream_) cudaStreamSynchronize(stream_);
     graphs_.clear();
-    if (stream_) {
-      cudaStreamSynchronize(stream_);
-      blas_.reset();
-      cudaStreamDestroy(stream_);
-    }
+    blas_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
   }
 
   // Weights from a checkpoint (host memory-mapped), converted to the compute dtype
@@ -197,6 +240,7 @@ class CudaBackend final : public Backend {
         dst.q_norm = upload_tensor(*src.q_norm, src.q_norm->dtype);
         dst.k_norm = upload_tensor(*src.k_norm, src.k_norm->dtype);
         dst.qk_norm_dtype = src.q_norm->dtype;
+        dst.k_norm_dtype = src.k_norm->dtype;
       }
       layers_.push_back(std::move(dst));
     }
@@ -239,7 +283,7 @@ class CudaBackend final : public Backend {
       if (c.qk_norm) {
         dst.q_norm = norm(c.head_dim);
         dst.k_norm = norm(c.head_dim);
-        dst.qk_norm_dtype = compute_dtype_;
+        dst.qk_norm_dtype = dst.k_norm_dtype = compute_dtype_;
       }
       layers_.push_back(std::move(dst));
     }
@@ -250,6 +294,7 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   std::string device_description() const override {
     size_t free = 0, total = 0;
+    cudaSetDevice(options_.device);
     cudaMemGetInfo(&free, &total);
     return device_name_ + " (device " + std::to_string(options_.device) + ", " +
            std::to_string(total >> 20) + " MiB, " + std::to_string(weight_bytes_ >> 20) +
@@ -260,6 +305,7 @@ class CudaBackend final : public Backend {
 
   std::optional<int64_t> kv_cache_budget(double fraction) const override {
     size_t free = 0, total = 0;
+    PAGELLM_CUDA_CHECK(cudaSetDevice(options_.device));
     PAGELLM_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return static_cast<int64_t>(static_cast<double>(free) * fraction);
   }
@@ -290,7 +336,7 @@ class CudaBackend final : public Backend {
     DeviceMemory qkv, qkv_bias, o, gate_up, down;  // projections in compute_dtype_
     DeviceMemory input_norm, post_norm, q_norm, k_norm;
     DType input_norm_dtype = DType::kF32, post_norm_dtype = DType::kF32,
-          qk_norm_dtype = DType::kF32;
+          qk_norm_dtype = DType::kF32, k_norm_dtype = DType::kF32;
   };
 
   // The shape of one step, as the kernels see it.
@@ -334,6 +380,8 @@ class CudaBackend final : public Backend {
 
   void finish_setup();
   void ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_width);
+  void ensure_workspace(int32_t seqs, int32_t max_context);
+  void capture(const Step& step, std::pair<int32_t, int32_t> key);
   void upload_inputs(const ForwardBatch& batch, const Step& step, int32_t padded_seqs);
   void enqueue(const Step& step);  // the whole pass, embedding to argmax, on stream_
   cuda::KVCacheLayer layer_cache(int64_t l) const { return kv_[static_cast<size_t>(l)]; }
@@ -362,21 +410,19 @@ class CudaBackend final : public Backend {
   // Activations and step inputs, sized for the largest step (ensure_capacity).
   int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_width_ = 0;
   DeviceMemory hidden_, proj_, normed_, qkv_, q_, k_, v_, attn_, gate_up_, mlp_;
-  DeviceMemory rows_hidden_, rows_proj_, rows_normed_, logits_, argmax_, workspace_;
-  int32_t workspace_seqs_ = 0, workspace_context_ = 0;
+  DeviceMemory rows_hidden_, rows_proj_, rows_normed_, logits_, argmax_;
+  DeviceMemory workspace_;  // decode attention's partitions; grows with the longest step
   DeviceMemory in_ids_, in_positions_, in_slots_, in_query_start_, in_context_lens_,
       in_block_tables_, in_logit_rows_, in_copy_src_, in_copy_dst_;
   DeviceMemory sample_temperature_, sample_top_k_, sample_top_p_, sample_min_p_, sample_uniform_,
       sampled_;
   PinnedMemory host_argmax_, host_logits_, host_sampled_;
   int32_t cap_host_rows_ = 0;
-  std::vector<int32_t> staging_i32_;
-  std::vector<int64_t> staging_i64_;
-  std::vector<float> staging_f32_[4];
+  Staging staging_;
 
   // Decode graphs by (batch size, context bucket).
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<Graph>> graphs_;
-  std::map<std::pair<int32_t, int32_t>, int> graph_seen_;
+  std::map<std::pair<int32_t, int32_t>, int> graph_seen_;  // -1: capture failed, stay eager
 };
 
 void CudaBackend::finish_setup() {
@@ -399,9 +445,23 @@ void CudaBackend::finish_setup() {
       }
     }
   }
-  const int32_t width =
-      (round_up_pow2(max_model_len_, kMinGraphContext) + cuda::kBlockSize - 1) / cuda::kBlockSize;
+  const int32_t width = static_cast<int32_t>(
+      (round_up_pow2(max_model_len_, kMinGraphContext) + cuda::kBlockSize - 1) / cuda::kBlockSize);
   ensure_capacity(std::max(options_.max_num_batched_tokens, graph_seqs), graph_seqs, width);
+  // Decode attention's scratch for a full batch at contexts up to 8k (or the model's
+  // length); longer steps grow it when they come.
+  ensure_workspace(graph_seqs, std::min(max_model_len_, 8192));
+}
+
+void CudaBackend::ensure_workspace(int32_t seqs, int32_t max_context) {
+  const size_t need = cuda::paged_attention_decode_workspace_bytes(
+      seqs, static_cast<int>(config_.num_heads), static_cast<int>(config_.head_dim), max_context);
+  if (need <= workspace_.bytes()) return;
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  graphs_.clear();  // they point at the old workspace
+  graph_seen_.clear();
+  workspace_ = DeviceMemory();
+  workspace_ = DeviceMemory(need);
 }
 
 void CudaBackend::ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_width) {
@@ -432,11 +492,6 @@ void CudaBackend::ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_wi
   rows_normed_ = DeviceMemory(S * H * act);
   logits_ = DeviceMemory(S * V * f);
   argmax_ = DeviceMemory(S * sizeof(int32_t));
-  workspace_seqs_ = static_cast<int32_t>(S);
-  workspace_context_ = static_cast<int32_t>(W * cuda::kBlockSize);
-  workspace_ = DeviceMemory(cuda::paged_attention_decode_workspace_bytes(
-      workspace_seqs_, static_cast<int>(c.num_heads), static_cast<int>(c.head_dim),
-      workspace_context_));
   in_ids_ = DeviceMemory(T * sizeof(int32_t));
   in_positions_ = DeviceMemory(T * sizeof(int32_t));
   in_slots_ = DeviceMemory(T * sizeof(int64_t));
@@ -444,8 +499,8 @@ void CudaBackend::ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_wi
   in_context_lens_ = DeviceMemory(S * sizeof(int32_t));
   in_block_tables_ = DeviceMemory(S * W * sizeof(int32_t));
   in_logit_rows_ = DeviceMemory(S * sizeof(int32_t));
-  in_copy_src_ = DeviceMemory(S * W * sizeof(int32_t));
-  in_copy_dst_ = DeviceMemory(S * W * sizeof(int32_t));
+  in_copy_src_ = DeviceMemory(S * sizeof(int32_t));
+  in_copy_dst_ = DeviceMemory(S * sizeof(int32_t));
   sample_temperature_ = DeviceMemory(S * f);
   sample_top_k_ = DeviceMemory(S * sizeof(int32_t));
   sample_top_p_ = DeviceMemory(S * f);
@@ -455,6 +510,9 @@ void CudaBackend::ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_wi
   host_argmax_ = PinnedMemory(S * sizeof(int32_t));
   host_sampled_ = PinnedMemory(S * sizeof(int32_t));
   host_logits_ = PinnedMemory(S * V * f);
+  // Inputs of one step: ids, positions, slots; query starts, contexts, block tables,
+  // logit rows, copies and sampling parameters; 16 bytes of alignment slack for each.
+  staging_.reserve(static_cast<size_t>(T) * 16 + static_cast<size_t>(S) * (W + 12) * 4 + 64 * 16);
   cap_tokens_ = static_cast<int32_t>(T);
   cap_seqs_ = static_cast<int32_t>(S);
   cap_width_ = static_cast<int32_t>(W);
@@ -462,47 +520,84 @@ void CudaBackend::ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_wi
 
 void CudaBackend::upload_inputs(const ForwardBatch& batch, const Step& step, int32_t padded_seqs) {
   const int32_t T = step.tokens, S = step.seqs, P = padded_seqs;
-  // Padding rows (graph batches): token 0 at position 0, no slot, an empty context.
-  auto copy = [&](void* dst, const void* src, size_t bytes) {
+  const int32_t rows = P + (T - S);  // token rows, padding included
+  staging_.reset();
+  auto send = [&](void* dst, const void* src, size_t bytes) {
     if (bytes > 0) {
       PAGELLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     }
   };
-  // Host staging lives in pageable vectors: cudaMemcpyAsync from pageable memory returns
-  // once the data is staged, so the vectors may be reused at once.
-  staging_i32_.assign(batch.token_ids.begin(), batch.token_ids.end());
-  staging_i32_.resize(P + (T - S), 0);
-  copy(in_ids_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
-  staging_i32_.assign(batch.positions.begin(), batch.positions.end());
-  staging_i32_.resize(P + (T - S), 0);
-  copy(in_positions_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
-  staging_i64_.assign(batch.slots.begin(), batch.slots.end());
-  staging_i64_.resize(P + (T - S), -1);
-  copy(in_slots_.get(), staging_i64_.data(), staging_i64_.size() * sizeof(int64_t));
-  staging_i32_.assign(batch.query_start.begin(), batch.query_start.end());
+  // Padding rows (graph batches): token 0 at position 0, no slot, an empty context, and
+  // their own token as the logit row.
+  int32_t* ids = staging_.take<int32_t>(rows);
+  int32_t* positions = staging_.take<int32_t>(rows);
+  int64_t* slots = staging_.take<int64_t>(rows);
+  std::copy(batch.token_ids.begin(), batch.token_ids.end(), ids);
+  std::copy(batch.positions.begin(), batch.positions.end(), positions);
+  std::copy(batch.slots.begin(), batch.slots.end(), slots);
+  std::fill(ids + T, ids + rows, 0);
+  std::fill(positions + T, positions + rows, 0);
+  std::fill(slots + T, slots + rows, int64_t(-1));
+  send(in_ids_.get(), ids, rows * sizeof(int32_t));
+  send(in_positions_.get(), positions, rows * sizeof(int32_t));
+  send(in_slots_.get(), slots, rows * sizeof(int64_t));
+
+  int32_t* starts = staging_.take<int32_t>(P + 1);
+  std::copy(batch.query_start.begin(), batch.query_start.end(), starts);
   for (int32_t s = S; s < P; ++s)
-    staging_i32_.push_back(staging_i32_.back() + 1);
-  copy(in_query_start_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
-  staging_i32_.assign(batch.context_lens.begin(), batch.context_lens.end());
-  staging_i32_.resize(P, 0);
-  copy(in_context_lens_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
+    starts[s + 1] = starts[s] + 1;
+  send(in_query_start_.get(), starts, (P + 1) * sizeof(int32_t));
+  int32_t* contexts = staging_.take<int32_t>(P);
+  std::copy(batch.context_lens.begin(), batch.context_lens.end(), contexts);
+  std::fill(contexts + S, contexts + P, 0);
+  send(in_context_lens_.get(), contexts, P * sizeof(int32_t));
   // Block tables re-laid with the step's row width.
   const int32_t W = step.table_width;
-  staging_i32_.assign(static_cast<size_t>(P) * W, -1);
+  int32_t* tables = staging_.take<int32_t>(static_cast<size_t>(P) * W);
+  std::fill(tables, tables + static_cast<size_t>(P) * W, -1);
+  const int32_t width = std::min(batch.max_blocks_per_seq, W);
   for (int32_t s = 0; s < S; ++s) {
     const int32_t* row =
         batch.block_tables.data() + static_cast<size_t>(s) * batch.max_blocks_per_seq;
-    std::copy(row, row + std::min(batch.max_blocks_per_seq, W),
-              staging_i32_.begin() + size_t(s) * W);
+    std::copy(row, row + width, tables + static_cast<size_t>(s) * W);
   }
-  copy(in_block_tables_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
-  staging_i32_.assign(batch.logit_rows.begin(), batch.logit_rows.end());
+  send(in_block_tables_.get(), tables, static_cast<size_t>(P) * W * sizeof(int32_t));
+  const int32_t R = static_cast<int32_t>(batch.logit_rows.size());
+  int32_t* logit_rows = staging_.take<int32_t>(R + (P - S));
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), logit_rows);
   for (int32_t s = S; s < P; ++s)
-    staging_i32_.push_back(T + (s - S));  // padding rows' own tokens
-  copy(in_logit_rows_.get(), staging_i32_.data(), staging_i32_.size() * sizeof(int32_t));
+    logit_rows[R + (s - S)] = T + (s - S);
+  send(in_logit_rows_.get(), logit_rows, (R + (P - S)) * sizeof(int32_t));
   if (!batch.copy_src.empty()) {
-    copy(in_copy_src_.get(), batch.copy_src.data(), batch.copy_src.size() * sizeof(int32_t));
-    copy(in_copy_dst_.get(), batch.copy_dst.data(), batch.copy_dst.size() * sizeof(int32_t));
+    const size_t n = batch.copy_src.size();
+    int32_t* src = staging_.take<int32_t>(n);
+    int32_t* dst = staging_.take<int32_t>(n);
+    std::copy(batch.copy_src.begin(), batch.copy_src.end(), src);
+    std::copy(batch.copy_dst.begin(), batch.copy_dst.end(), dst);
+    send(in_copy_src_.get(), src, n * sizeof(int32_t));
+    send(in_copy_dst_.get(), dst, n * sizeof(int32_t));
+  }
+  if (!batch.sampling.empty()) {
+    // Rows the backend does not sample get temperature 0: the kernel skips them.
+    float* t = staging_.take<float>(R);
+    int32_t* k = staging_.take<int32_t>(R);
+    float* p = staging_.take<float>(R);
+    float* m = staging_.take<float>(R);
+    float* u = staging_.take<float>(R);
+    for (int32_t r = 0; r < R; ++r) {
+      const RowSampling& rs = batch.sampling[r];
+      t[r] = rs.temperature > 0.0f ? rs.temperature : 0.0f;
+      k[r] = rs.top_k;
+      p[r] = rs.top_p;
+      m[r] = rs.min_p;
+      // The device draws in float: a draw within float rounding below 1 stays below 1.
+      u[r] = std::min(static_cast<float>(rs.uniform), 0x1.fffffep-1f);
+    }
+    send(sample_temperature_.get(), t, R * sizeof(float));
+    send(sample_top_k_.get(), k, R * sizeof(int32_t));
+    send(sample_top_p_.get(), p, R * sizeof(float));
+    send(sample_min_p_.get(), m, R * sizeof(float));
+    send(sample_uniform_.get(), u, R * sizeof(float));
   }
 }
 
@@ -554,7 +649,7 @@ void CudaBackend::enqueue(const Step& st) {
     if (layer.q_norm.get()) {
       cuda::rmsnorm(q, layer.q_norm.get(), layer.qk_norm_dtype, T * nh, D, eps, q, DType::kF32,
                     stream_);
-      cuda::rmsnorm(k, layer.k_norm.get(), layer.qk_norm_dtype, T * nkv, D, eps, k, DType::kF32,
+      cuda::rmsnorm(k, layer.k_norm.get(), layer.k_norm_dtype, T * nkv, D, eps, k, DType::kF32,
                     stream_);
     }
     cuda::rope(q, k, in_positions_.get<int32_t>(), T, nh, nkv, static_cast<int>(D),
@@ -587,11 +682,37 @@ void CudaBackend::enqueue(const Step& st) {
   cuda::argmax(logits_.get<float>(), R, c.vocab_size, argmax_.get<int32_t>(), stream_);
 }
 
+// Captures `step` (already run eagerly, so its results are in place) as the graph of
+// `key`. A capture that fails leaves the bucket eager: the step's results stand.
+void CudaBackend::capture(const Step& step, std::pair<int32_t, int32_t> key) {
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaGraph_t graph = nullptr;
+  auto graph_exec = std::make_unique<Graph>();
+  bool ok = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    try {
+      enqueue(step);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    ok = cudaStreamEndCapture(stream_, &graph) == cudaSuccess && ok;
+  }
+  ok = ok && graph != nullptr && cudaGraphInstantiate(&graph_exec->exec, graph, 0) == cudaSuccess;
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a failed capture leaves its error pending; it is handled here
+  if (ok) {
+    graphs_[key] = std::move(graph_exec);
+  } else {
+    graph_seen_[key] = -1;
+  }
+}
+
 void CudaBackend::forward(const ForwardBatch& batch, ForwardOutput& out) {
   if (kv_.empty()) throw std::logic_error("forward before allocate_kv_cache");
   // The engine thread is not the one that loaded the model: the current device is
   // per thread.
   PAGELLM_CUDA_CHECK(cudaSetDevice(options_.device));
+  cudaGetLastError();  // nothing left over from an earlier failure is this step's
   const ModelConfig& c = config_;
   Step st;
   st.tokens = batch.num_tokens();
@@ -607,39 +728,38 @@ void CudaBackend::forward(const ForwardBatch& batch, ForwardOutput& out) {
   st.max_context = max_context;
 
   // A decode step runs from a graph captured for its bucket: the batch padded to a
-  // captured size, the block tables to a power-of-two context.
+  // captured size, the block tables to a power-of-two context. Batches over the largest
+  // bucket, and buckets whose capture failed, run eagerly.
   int32_t padded = st.seqs;
   std::pair<int32_t, int32_t> key{0, 0};
   bool use_graph = false;
   if (options_.cuda_graphs && st.decode && st.seqs > 0) {
+    const int64_t context = round_up_pow2(max_context, kMinGraphContext);
     for (int32_t b : kGraphBatchSizes) {
       if (b >= st.seqs) {
-        padded = b;
+        key = {b, static_cast<int32_t>(context)};
+        use_graph = context <= int64_t(cap_width_) * cuda::kBlockSize;
         break;
       }
     }
-    const int32_t context = round_up_pow2(max_context, kMinGraphContext);
-    if (padded >= st.seqs && padded <= cap_seqs_ && context <= workspace_context_) {
-      use_graph = true;
-      key = {padded, context};
-      st.table_width = context / cuda::kBlockSize;
-      st.max_context = context;
-    } else {
-      padded = st.seqs;
+    auto seen = graph_seen_.find(key);
+    if (seen != graph_seen_.end() && seen->second < 0) use_graph = false;
+    if (use_graph) {
+      padded = key.first;
+      st.table_width = key.second / cuda::kBlockSize;
+      st.max_context = key.second;
     }
   }
-  if (!use_graph) padded = st.seqs;
-  ensure_capacity(st.tokens + (padded - st.seqs), padded, st.table_width);
-  if (!use_graph && st.decode && max_context > workspace_context_) {
-    throw std::invalid_argument("context of " + std::to_string(max_context) +
-                                " tokens is over the backend's max_model_len");
-  }
+  const int32_t R = st.logit_rows;
+  const int32_t copies = static_cast<int32_t>(batch.copy_src.size());
+  ensure_capacity(st.tokens + (padded - st.seqs), std::max({padded, R, copies}), st.table_width);
+  if (st.decode) ensure_workspace(padded, st.max_context);
 
   upload_inputs(batch, st, padded);
-  if (!batch.copy_src.empty()) {
+  if (copies > 0) {
     for (int64_t l = 0; l < c.num_layers; ++l) {
       cuda::copy_blocks(layer_cache(l), in_copy_src_.get<int32_t>(), in_copy_dst_.get<int32_t>(),
-                        static_cast<int64_t>(batch.copy_src.size()), stream_);
+                        copies, stream_);
     }
   }
 
@@ -655,61 +775,17 @@ void CudaBackend::forward(const ForwardBatch& batch, ForwardOutput& out) {
       // The first step of a bucket runs as it is (cuBLAS picks and loads its kernels);
       // the second captures the bucket's graph, which every later one replays.
       enqueue(padded_step);
-      if (graph_seen_[key]++ > 0) {
-        PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        cudaGraph_t graph = nullptr;
-        PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-        try {
-          enqueue(padded_step);
-        } catch (...) {
-          cudaStreamEndCapture(stream_, &graph);
-          if (graph) cudaGraphDestroy(graph);
-          throw;
-        }
-        PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-        auto g = std::make_unique<Graph>();
-        const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
-        cudaGraphDestroy(graph);
-        PAGELLM_CUDA_CHECK(err);
-        graphs_[key] = std::move(g);
-      }
+      if (graph_seen_[key]++ > 0) capture(padded_step, key);
     }
   } else {
     enqueue(st);
   }
 
   // Results: every row's argmax, the draws asked for, and the logits the host wants.
-  const int32_t R = st.logit_rows;
   const int64_t V = c.vocab_size;
   PAGELLM_CUDA_CHECK(cudaMemcpyAsync(host_argmax_.get(), argmax_.get(), R * sizeof(int32_t),
                                      cudaMemcpyDeviceToHost, stream_));
   if (!batch.sampling.empty()) {
-    // Every row goes through the kernel; a row the backend does not sample gets top-k 1
-    // (its argmax) and is answered from argmax_ below.
-    for (auto& v : staging_f32_)
-      v.assign(R, 0.0f);
-    staging_i32_.assign(R, 1);
-    for (int32_t r = 0; r < R; ++r) {
-      const RowSampling& rs = batch.sampling[r];
-      const bool sampled = rs.temperature > 0.0f;
-      staging_f32_[0][r] = sampled ? rs.temperature : 1.0f;
-      staging_i32_[r] = sampled ? rs.top_k : 1;
-      staging_f32_[1][r] = sampled ? rs.top_p : 1.0f;
-      staging_f32_[2][r] = sampled ? rs.min_p : 0.0f;
-      // The device draws in float: a draw within float rounding below 1 stays below 1.
-      staging_f32_[3][r] = std::min(static_cast<float>(rs.uniform), 0x1.fffffep-1f);
-    }
-    const size_t fb = R * sizeof(float);
-    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_temperature_.get(), staging_f32_[0].data(), fb,
-                                       cudaMemcpyHostToDevice, stream_));
-    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_top_k_.get(), staging_i32_.data(),
-                                       R * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_top_p_.get(), staging_f32_[1].data(), fb,
-                                       cudaMemcpyHostToDevice, stream_));
-    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_min_p_.get(), staging_f32_[2].data(), fb,
-                                       cudaMemcpyHostToDevice, stream_));
-    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(sample_uniform_.get(), staging_f32_[3].data(), fb,
-                                       cudaMemcpyHostToDevice, stream_));
     const cuda::SamplingRows rows{sample_temperature_.get<float>(), sample_top_k_.get<int32_t>(),
                                   sample_top_p_.get<float>(), sample_min_p_.get<float>(),
                                   sample_uniform_.get<float>()};

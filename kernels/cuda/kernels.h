@@ -148,7 +148,7 @@ void argmax(const float* logits,  // [rows, vocab]
 
 // Per-row sampling parameters for sample_top_k_top_p (device arrays).
 struct SamplingRows {
-  const float* temperature;  // [rows] > 0
+  const float* temperature;  // [rows]; a row with temperature <= 0 is skipped (out untouched)
   const int32_t* top_k;      // [rows] 0 or >= vocab: no limit
   const float* top_p;        // [rows] in (0, 1]
   const float* min_p;        // [rows] in [0, 1]; 0: no limit

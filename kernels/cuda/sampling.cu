@@ -256,6 +256,8 @@ __global__ void __launch_bounds__(kSampleThreads)
                   int32_t* __restrict__ out) {
   __shared__ SampleShared sh;
   const int64_t r = blockIdx.x;
+  // A row this call does not sample (temperature <= 0) keeps its output untouched.
+  if (!(params.temperature[r] > 0.0f)) return;
   Row row;
   row.logits = logits + r * vocab;
   row.vocab = vocab;

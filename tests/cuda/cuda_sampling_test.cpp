@@ -404,5 +404,22 @@ TEST(CudaSampleTopKTopP, NaNLogitsAreNeverDrawn) {
   }
 }
 
+// Rows with temperature <= 0 are not the kernel's (the backend answers them with the
+// argmax): their output stays as it was, here the poison -1.
+TEST(CudaSampleTopKTopP, RowsWithoutATemperatureAreLeftUntouched) {
+  PAGELLM_REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  Batch b = make_batch(6, 1000, rng);
+  b.temperature = {0.8f, 0.0f, 1.0f, -1.0f, 0.0f, 1.2f};
+  const std::vector<int32_t> out = gpu_sample(b);
+  for (int64_t r = 0; r < b.rows; ++r) {
+    if (b.temperature[r] > 0.0f) {
+      EXPECT_TRUE(out[r] >= 0 && out[r] < b.vocab) << "row " << r;
+    } else {
+      EXPECT_EQ(out[r], -1) << "row " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagellm::kernels::cuda
