@@ -174,6 +174,9 @@ void sample_top_k_top_p(const float* logits,  // [rows, vocab]
 // stores it, row-major, in device memory), x in the same dtype as w, y in float32, with
 // float32 accumulation (for float32 weights, true float32: no TF32). One per stream;
 // its workspace is allocated once, so matmuls can be captured in a CUDA graph.
+// Unlike the CPU matmul this is not batch-invariant: cuBLAS picks its kernel (and its
+// split of k) by shape, so a row's rounding can change with m, and a request's tokens
+// with what else is in its batch, as in other GPU servers.
 class Blas {
  public:
   explicit Blas(cudaStream_t stream);
