@@ -51,13 +51,6 @@ std::string run_chromium(const std::string& chromium, const std::string& action,
   return dom;
 }
 
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
-    ++n;
-  return n;
-}
-
 // A number the page writes into an element: <b id="count-used">12</b>.
 int counter(const std::string& dom, const std::string& id) {
   std::smatch m;

@@ -270,7 +270,9 @@ TEST_P(DemoModelArchitectures, WritesALoadableModel) {
   if (c.spec.architecture == Architecture::kQwen2 || c.spec.architecture == Architecture::kQwen3) {
     EXPECT_EQ(config["use_sliding_window"], c.spec.sliding_window > 0);
   }
-  if (c.spec.rope_scaling) EXPECT_EQ(config["rope_scaling"]["rope_type"], "llama3");
+  if (c.spec.rope_scaling) {
+    EXPECT_EQ(config["rope_scaling"]["rope_type"], "llama3");
+  }
   fs::remove_all(dir);
 }
 
@@ -308,7 +310,9 @@ TEST_P(DemoModelArchitectures, WeightScales) {
   const Stats final_norm = stats(w.final_norm);
   EXPECT_NEAR(std::sqrt(sq) * final_norm.mean, 6.0, 1.5);
   EXPECT_LT(final_norm.std, 0.1 * final_norm.mean);
-  if (!config.tie_word_embeddings) EXPECT_NEAR(final_norm.mean, 1.0, 0.05);
+  if (!config.tie_word_embeddings) {
+    EXPECT_NEAR(final_norm.mean, 1.0, 0.05);
+  }
   fs::remove_all(dir);
 }
 
