@@ -33,21 +33,35 @@ int cuda_device_count() {
 
 namespace {
 
-// One cudaMalloc'ed region, freed on destruction.
-class DeviceMemory {
+// Device memory (cudaMalloc) or page-locked host memory (cudaMallocHost: fast,
+// asynchronous copies), freed on destruction.
+enum class Where { kDevice, kPinnedHost };
+
+template <Where kWhere>
+class CudaMemory {
  public:
-  DeviceMemory() = default;
-  explicit DeviceMemory(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) PAGELLM_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  CudaMemory() = default;
+  explicit CudaMemory(size_t bytes) : bytes_(bytes) {
+    if (bytes == 0) return;
+    if (kWhere == Where::kDevice) {
+      PAGELLM_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+    } else {
+      PAGELLM_CUDA_CHECK(cudaMallocHost(&ptr_, bytes));
+    }
   }
-  DeviceMemory(DeviceMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
-  DeviceMemory& operator=(DeviceMemory&& o) noexcept {
+  CudaMemory(CudaMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  CudaMemory& operator=(CudaMemory&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);
     return *this;
   }
-  ~DeviceMemory() {
-    if (ptr_) cudaFree(ptr_);
+  ~CudaMemory() {
+    if (ptr_ == nullptr) return;
+    if (kWhere == Where::kDevice) {
+      cudaFree(ptr_);
+    } else {
+      cudaFreeHost(ptr_);
+    }
   }
   template <typename T = void>
   T* get() const {
@@ -59,32 +73,8 @@ class DeviceMemory {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
-
-// Page-locked host memory (fast, asynchronous copies), freed on destruction.
-class PinnedMemory {
- public:
-  PinnedMemory() = default;
-  explicit PinnedMemory(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) PAGELLM_CUDA_CHECK(cudaMallocHost(&ptr_, bytes));
-  }
-  PinnedMemory(PinnedMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
-  PinnedMemory& operator=(PinnedMemory&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  ~PinnedMemory() {
-    if (ptr_) cudaFreeHost(ptr_);
-  }
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using DeviceMemory = CudaMemory<Where::kDevice>;
+using PinnedMemory = CudaMemory<Where::kPinnedHost>;
 
 float host_value(const void* data, DType dtype, int64_t i) {
   switch (dtype) {

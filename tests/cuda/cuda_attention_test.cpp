@@ -38,12 +38,7 @@ using cuda::testing::tolerance;
 constexpr int kBlock = cuda::kBlockSize;
 static_assert(cuda::kBlockSize == cpu::kBlockSize);
 
-// A fresh seed, or PAGELLM_TEST_SEED to replay a failure.
-uint64_t fresh_seed() {
-  if (const char* s = std::getenv("PAGELLM_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  std::random_device rd;
-  return (uint64_t{rd()} << 32) | rd();
-}
+using cuda::testing::fresh_seed;  // or PAGELLM_TEST_SEED to replay a failure
 
 // n values uniform in [-scale, scale).
 std::vector<float> random_values(size_t n, std::mt19937_64& rng, float scale = 1.0f) {

@@ -23,29 +23,10 @@ using cpu::testing::encode;
 using cpu::testing::random_floats;
 using testing::decode;
 using testing::DeviceBuffer;
+using testing::fresh_seed;
 using testing::relative_error;
-
-uint32_t fresh_seed() {
-  if (const char* s = std::getenv("PAGELLM_TEST_SEED")) return static_cast<uint32_t>(std::stoul(s));
-  return std::random_device{}();
-}
-
-std::string seed_trace(uint32_t seed) {
-  return "seed " + std::to_string(seed) +
-         " (replay with PAGELLM_TEST_SEED=" + std::to_string(seed) + ")";
-}
-
-class Stream {
- public:
-  Stream() {
-    if (cudaStreamCreate(&s_) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
-  }
-  ~Stream() { cudaStreamDestroy(s_); }
-  operator cudaStream_t() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
+using testing::seed_trace;
+using testing::Stream;
 
 // float32 sums in another order: ~sqrt(k) * 2^-24 relative, far under 1e-5 up to k = 11008.
 // 16-bit operands go through tensor cores, whose float32 accumulation may truncate rather

@@ -26,33 +26,13 @@ using cpu::testing::encode;
 using cpu::testing::random_floats;
 using testing::decode;
 using testing::DeviceBuffer;
+using testing::fresh_seed;
 using testing::relative_error;
+using testing::seed_trace;
+using testing::Stream;
 using testing::tolerance;
 
 constexpr DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
-
-uint32_t fresh_seed() {
-  if (const char* s = std::getenv("PAGELLM_TEST_SEED")) return static_cast<uint32_t>(std::stoul(s));
-  return std::random_device{}();
-}
-
-std::string seed_trace(uint32_t seed) {
-  return "seed " + std::to_string(seed) +
-         " (replay with PAGELLM_TEST_SEED=" + std::to_string(seed) + ")";
-}
-
-// A blocking stream: ordered after the synchronous uploads and memsets of DeviceBuffer.
-class Stream {
- public:
-  Stream() {
-    if (cudaStreamCreate(&s_) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
-  }
-  ~Stream() { cudaStreamDestroy(s_); }
-  operator cudaStream_t() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
 
 // The bytes of a buffer (after the device finished), and as float32 values of `t`.
 std::vector<uint8_t> bytes_of(const DeviceBuffer& b) {

@@ -25,28 +25,9 @@ namespace pagellm::kernels::cuda {
 namespace {
 
 using testing::DeviceBuffer;
-
-uint32_t fresh_seed() {
-  if (const char* s = std::getenv("PAGELLM_TEST_SEED")) return static_cast<uint32_t>(std::stoul(s));
-  return std::random_device{}();
-}
-
-std::string seed_trace(uint32_t seed) {
-  return "seed " + std::to_string(seed) +
-         " (replay with PAGELLM_TEST_SEED=" + std::to_string(seed) + ")";
-}
-
-class Stream {
- public:
-  Stream() {
-    if (cudaStreamCreate(&s_) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
-  }
-  ~Stream() { cudaStreamDestroy(s_); }
-  operator cudaStream_t() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
+using testing::fresh_seed;
+using testing::seed_trace;
+using testing::Stream;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();

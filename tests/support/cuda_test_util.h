@@ -7,8 +7,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,6 +83,32 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// A fresh seed for every run (fresh random inputs), or PAGELLM_TEST_SEED to replay one.
+inline uint32_t fresh_seed() {
+  if (const char* s = std::getenv("PAGELLM_TEST_SEED")) return static_cast<uint32_t>(std::stoul(s));
+  return std::random_device{}();
+}
+
+inline std::string seed_trace(uint32_t seed) {
+  return "seed " + std::to_string(seed) +
+         " (replay with PAGELLM_TEST_SEED=" + std::to_string(seed) + ")";
+}
+
+// A blocking stream: ordered after the synchronous uploads and memsets of DeviceBuffer.
+class Stream {
+ public:
+  Stream() {
+    if (cudaStreamCreate(&s_) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
+  }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
 };
 
 // Raw bytes of `dtype` values as float32.
