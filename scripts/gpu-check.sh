@@ -45,7 +45,7 @@ cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DPAGELLM_C
   "-DCMAKE_CUDA_ARCHITECTURES=$arch" "${cmake_args[@]}" >"$out/configure.log" 2>&1 ||
   { tail -30 "$out/configure.log"; fail "configure (see configure.log)"; }
 
-targets=(pagellm_model_bench pagellm_cuda_attention_bench)
+targets=(pagellm pagellm_model_bench pagellm_cuda_attention_bench)
 for t in tests/cuda/*_test.cpp; do targets+=("$(basename "$t" .cpp)"); done
 say "build ${targets[*]}"
 timeout 360 cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
