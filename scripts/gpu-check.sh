@@ -48,21 +48,21 @@ cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DPAGELLM_C
 targets=(pagellm pagellm_model_bench pagellm_cuda_attention_bench)
 for t in tests/cuda/*_test.cpp; do targets+=("$(basename "$t" .cpp)"); done
 say "build ${targets[*]}"
-timeout 360 cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
+timeout 270 cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; fail "build (see build.log)"; }
 
 say "CUDA tests"
-timeout 240 ctest --test-dir build-gpu -L cuda --output-on-failure --timeout 200 \
+timeout 120 ctest --test-dir build-gpu -L cuda --output-on-failure --timeout 100 \
   >"$out/tests.log" 2>&1
 tests_status=$?
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/tests.log" | tail -25
 
 say "decode-attention benchmark"
-timeout 120 build-gpu/bench/pagellm_cuda_attention_bench --json "$out/attention.json" \
+timeout 60 build-gpu/bench/pagellm_cuda_attention_bench --json "$out/attention.json" \
   >"$out/attention.txt" 2>&1 || say "attention benchmark failed (attention.txt)"
 
 say "end-to-end decode benchmark"
-timeout 240 build-gpu/bench/pagellm_model_bench --backend cuda --shape llama3-8b \
+timeout 120 build-gpu/bench/pagellm_model_bench --backend cuda --shape llama3-8b \
   --batches 1,32,256 --context 512 --steps 32 --prefill 1024 --json "$out/model.json" \
   >"$out/model.txt" 2>&1 || say "model benchmark failed (model.txt)"
 
