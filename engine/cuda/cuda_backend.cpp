@@ -201,7 +201,13 @@ class CudaBackend final : public Backend {
     embed_ = upload_tensor(w.embed_tokens, embed_dtype_);
     final_norm_ = upload_tensor(w.final_norm, w.final_norm.dtype);
     final_norm_dtype_ = w.final_norm.dtype;
-    lm_head_ = upload_tensor(w.lm_head, compute_dtype_);
+    // Tied embeddings in the compute dtype serve as lm_head too: one copy on the device.
+    if (w.lm_head.data == w.embed_tokens.data && embed_dtype_ == compute_dtype_) {
+      lm_head_weights_ = embed_.get();
+    } else {
+      lm_head_ = upload_tensor(w.lm_head, compute_dtype_);
+      lm_head_weights_ = lm_head_.get();
+    }
     for (const LayerWeights& src : w.layers) {
       Layer dst;
       dst.qkv = upload_concat({&src.q_proj, &src.k_proj, &src.v_proj});
@@ -260,6 +266,7 @@ class CudaBackend final : public Backend {
     final_norm_ = norm(H);
     final_norm_dtype_ = compute_dtype_;
     lm_head_ = random(V * H, 1.0f / std::sqrt(static_cast<float>(H)));
+    lm_head_weights_ = lm_head_.get();
     const float in_scale = 1.0f / std::sqrt(static_cast<float>(H));
     for (int64_t l = 0; l < c.num_layers; ++l) {
       Layer dst;
@@ -388,6 +395,7 @@ class CudaBackend final : public Backend {
 
   // Weights.
   DeviceMemory embed_, final_norm_, lm_head_, inv_freq_;
+  const void* lm_head_weights_ = nullptr;  // lm_head_, or embed_ when they are tied
   DType embed_dtype_ = DType::kBF16, final_norm_dtype_ = DType::kBF16;
   std::vector<Layer> layers_;
 
@@ -668,7 +676,8 @@ void CudaBackend::enqueue(const Step& st) {
                   stream_);
   cuda::add_rmsnorm(rows_hidden_.get<float>(), rows_proj_.get<float>(), final_norm_.get(),
                     final_norm_dtype_, R, H, eps, rows_normed_.get(), cdt, stream_);
-  blas_->matmul(rows_normed_.get(), lm_head_.get(), cdt, R, c.vocab_size, H, logits_.get<float>());
+  blas_->matmul(rows_normed_.get(), lm_head_weights_, cdt, R, c.vocab_size, H,
+                logits_.get<float>());
   cuda::argmax(logits_.get<float>(), R, c.vocab_size, argmax_.get<int32_t>(), stream_);
 }
 

@@ -30,11 +30,13 @@ using kernels::cuda::testing::relative_error;
 struct Arch {
   const char* name;
   Architecture architecture;
+  bool tied = false;  // tie_word_embeddings: lm_head is the embedding
 };
 const Arch kArchitectures[] = {{"llama", Architecture::kLlama},
                                {"mistral", Architecture::kMistral},
                                {"qwen2", Architecture::kQwen2},
-                               {"qwen3", Architecture::kQwen3}};
+                               {"qwen3", Architecture::kQwen3},
+                               {"llama_tied", Architecture::kLlama, true}};
 
 class CudaBackendTest : public ::testing::TestWithParam<Arch> {
  protected:
@@ -42,7 +44,9 @@ class CudaBackendTest : public ::testing::TestWithParam<Arch> {
     PAGELLM_REQUIRE_GPU();
     dir_ = fs::temp_directory_path() /
            ("pagellm_cuda_backend_test_" + std::to_string(::getpid()) + "_" + GetParam().name);
-    write_demo_model(dir_, demo_model_preset("tiny", GetParam().architecture));
+    DemoModelSpec spec = demo_model_preset("tiny", GetParam().architecture);
+    spec.tie_word_embeddings = GetParam().tied;
+    write_demo_model(dir_, spec);
     tokenizer_ = std::make_shared<Tokenizer>(Tokenizer::from_dir(dir_));
   }
   void TearDown() override {
