@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,11 +41,7 @@ Options parse(int argc, char** argv) {
     if (arg == "--model") {
       o.model = value();
     } else if (arg == "--concurrency") {
-      o.concurrency.clear();
-      std::stringstream list(value());
-      for (std::string item; std::getline(list, item, ',');) {
-        o.concurrency.push_back(std::stoi(item));
-      }
+      o.concurrency = bench::parse_int_list(value());
     } else if (arg == "--prompt-len") {
       o.prompt_len = std::stoi(value());
     } else if (arg == "--output-len") {

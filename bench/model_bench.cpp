@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -62,10 +61,7 @@ Options parse(int argc, char** argv) {
     if (arg == "--model") {
       o.model = value();
     } else if (arg == "--batches") {
-      o.batches.clear();
-      std::stringstream list(value());
-      for (std::string item; std::getline(list, item, ',');)
-        o.batches.push_back(std::stoi(item));
+      o.batches = bench::parse_int_list(value());
     } else if (arg == "--context") {
       o.context = std::stoi(value());
     } else if (arg == "--steps") {

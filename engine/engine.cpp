@@ -14,13 +14,12 @@ using scheduler::Sequence;
 struct Engine::Request {
   uint64_t id;
   std::shared_ptr<RequestStream> stream;
-  GenerationRequest request;  // until it reaches the scheduler
   Sampler sampler;
   IncrementalDetokenizer detokenizer;
   StopStringMatcher stops;
 
-  Request(uint64_t id, std::shared_ptr<RequestStream> stream, GenerationRequest req, uint64_t seed,
-          const Tokenizer& tokenizer)
+  Request(uint64_t id, std::shared_ptr<RequestStream> stream, const GenerationRequest& req,
+          uint64_t seed, const Tokenizer& tokenizer)
       : id(id),
         stream(std::move(stream)),
         sampler(req.params, req.prompt, seed),
@@ -29,9 +28,7 @@ struct Engine::Request {
             // The end of the prompt as context, so the first word is spaced
             // as it would be inside the whole text.
             std::span<const int32_t>(req.prompt).last(std::min<size_t>(req.prompt.size(), 4))),
-        stops(req.params.stop) {
-    request = std::move(req);
-  }
+        stops(req.params.stop) {}
 };
 
 namespace {
@@ -185,18 +182,18 @@ void Engine::admit(std::vector<Submitted>& incoming) {
   const double t = now();
   for (Submitted& s : incoming) {
     const uint64_t seed = s.request.params.seed ? *s.request.params.seed : seed_rng_();
+    auto request =
+        std::make_unique<Request>(s.id, std::move(s.stream), s.request, seed, *tokenizer_);
     auto seq = std::make_unique<Sequence>();
     seq->id = static_cast<paging::SeqId>(s.id);
-    seq->tokens = s.request.prompt;
     seq->prompt_len = static_cast<int32_t>(s.request.prompt.size());
-    seq->params = s.request.params;
+    seq->tokens = std::move(s.request.prompt);
+    seq->params = std::move(s.request.params);
     seq->priority = s.request.priority;
     seq->cache_salt = paging::cache_salt_key(s.request.cache_salt);
     for (int64_t eos : backend_->config().eos_token_ids) {
       seq->eos_token_ids.push_back(static_cast<int32_t>(eos));
     }
-    auto request = std::make_unique<Request>(s.id, std::move(s.stream), std::move(s.request), seed,
-                                             *tokenizer_);
     const scheduler::AddResult added = scheduler_.add(std::move(seq), t);
     if (added.status != scheduler::AddStatus::kAdded) {
       GenerationChunk chunk;

@@ -37,19 +37,8 @@ std::vector<float> to_f32(const std::optional<TensorView>& t) {
   std::vector<float> out;
   if (!t) return out;
   out.resize(t->num_elements());
-  for (int64_t i = 0; i < t->num_elements(); ++i) {
-    switch (t->dtype) {
-      case kernels::DType::kF32:
-        out[i] = static_cast<const float*>(t->data)[i];
-        break;
-      case kernels::DType::kF16:
-        out[i] = kernels::f16_to_f32(static_cast<const uint16_t*>(t->data)[i]);
-        break;
-      case kernels::DType::kBF16:
-        out[i] = kernels::bf16_to_f32(static_cast<const uint16_t*>(t->data)[i]);
-        break;
-    }
-  }
+  for (int64_t i = 0; i < t->num_elements(); ++i)
+    out[i] = kernels::load_f32(t->data, t->dtype, i);
   return out;
 }
 

@@ -6,26 +6,6 @@
 #include <numeric>
 
 namespace pagellm::engine {
-namespace {
-
-int32_t argmax(std::span<const float> v) {
-  // First maximum on ties, like torch.argmax on CPU; NaN never wins.
-  int32_t best = 0;
-  float best_value = -std::numeric_limits<float>::infinity();
-  bool found = false;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!found || v[i] > best_value) {
-      if (std::isnan(v[i])) continue;
-      best = static_cast<int32_t>(i);
-      best_value = v[i];
-      found = true;
-    }
-  }
-  return best;
-}
-
-}  // namespace
-
 void log_softmax(std::span<const float> logits, std::vector<float>& out) {
   out.resize(logits.size());
   float max_logit = -std::numeric_limits<float>::infinity();
@@ -95,7 +75,8 @@ SampledToken Sampler::sample(std::span<const float> logits) {
   scratch_.assign(logits.begin(), logits.end());
   apply_penalties(scratch_);
   if (params_.greedy()) {
-    out.token = argmax(scratch_);
+    // First maximum on ties, like torch.argmax on CPU; NaN never wins.
+    kernels::cpu::argmax(scratch_.data(), 1, static_cast<int64_t>(scratch_.size()), &out.token);
   } else {
     out.token = draw(scratch_);
   }

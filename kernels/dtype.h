@@ -32,4 +32,32 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t v);
 uint16_t f32_to_f16(float f);  // round to nearest even
 
+// Element i of an array of `t` values, as float32 (exact).
+inline float load_f32(const void* data, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+  }
+  return 0.0f;
+}
+
+// Stores v as element i of an array of `t` values (round to nearest even).
+inline void store_f32(void* data, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(data)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(data)[i] = f32_to_f16(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(data)[i] = f32_to_bf16(v);
+      break;
+  }
+}
+
 }  // namespace pagellm::kernels

@@ -244,7 +244,8 @@ std::filesystem::path demo_model_dir() {
 
 int64_t default_kv_blocks(const engine::ModelConfig& model, const ServeOptions& o) {
   const int64_t context = o.max_model_len > 0 ? o.max_model_len : model.max_position_embeddings;
-  const int64_t needed = (int64_t(o.max_num_seqs) * context + 15) / 16 + 1;
+  const int64_t needed =
+      (int64_t(o.max_num_seqs) * context + paging::kBlockSize - 1) / paging::kBlockSize + 1;
   const int64_t budget =
       engine::kv_blocks_for_bytes(model, engine::default_kv_dtype(model), int64_t(1) << 30);
   return std::max<int64_t>(1, std::min(needed, budget));

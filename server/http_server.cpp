@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <random>
-#include <thread>
 
 #include "engine/chat_template.h"
 #include "engine/engine.h"
@@ -118,15 +117,15 @@ bool client_connected(int fd) {
   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
 
-// Adds `from` (later output) to `into`.
 // One choice of a request: its stream and what has been gathered so far.
 struct Choice {
   int32_t index = 0;
   int32_t prompt_index = 0;
   std::shared_ptr<engine::RequestStream> stream;
   bool done = false;
-  engine::GenerationChunk final;    // the finished chunk (usage, reason, times)
-  std::vector<double> token_times;  // when each token was sampled, for inter-token latency
+  // What has been gathered (engine::merge_chunk): the end (usage, reason, times) and when
+  // each token was sampled, for inter-token latency.
+  engine::GenerationChunk final;
 };
 
 }  // namespace
@@ -162,7 +161,7 @@ struct HttpServer::Impl {
   // Where a request without max_tokens stops: the context window, or the whole KV pool
   // when that is smaller (a sliding window needs only a window's worth of blocks).
   int32_t default_length_limit() const {
-    const int64_t pool_tokens = engine.kv_plan().num_blocks * 16;
+    const int64_t pool_tokens = engine.kv_plan().capacity_tokens;
     if (engine.model_config().sliding_window > 0 || pool_tokens >= max_model_len()) {
       return max_model_len();
     }
@@ -476,8 +475,8 @@ struct HttpServer::Impl {
     if (f.times.first_scheduled > 0 && f.times.arrival > 0) {
       metrics.queue_time.observe(f.times.first_scheduled - f.times.arrival);
     }
-    for (size_t i = 1; i < c.token_times.size(); ++i) {
-      metrics.inter_token_latency.observe(c.token_times[i] - c.token_times[i - 1]);
+    for (size_t i = 1; i < f.token_times.size(); ++i) {
+      metrics.inter_token_latency.observe(f.token_times[i] - f.token_times[i - 1]);
     }
     if (f.finished && f.error.empty()) {
       metrics.request_prompt_tokens.observe(f.usage.prompt_tokens);
@@ -513,8 +512,6 @@ struct HttpServer::Impl {
     for (Choice& c : choices) {
       while (!c.final.finished) {
         if (auto chunk = c.stream->next(std::chrono::milliseconds(50))) {
-          c.token_times.insert(c.token_times.end(), chunk->token_times.begin(),
-                               chunk->token_times.end());
           engine::merge_chunk(c.final, std::move(*chunk));
         }
         if (c.final.finished || Clock::now() - checked < std::chrono::milliseconds(50)) continue;
@@ -552,7 +549,6 @@ struct HttpServer::Impl {
   void stream_response(const CompletionRequest& r, const ResponseMeta& meta,
                        std::vector<Choice> choices, int socket, httplib::Response& res,
                        const std::shared_ptr<AccessLog>& log) {
-    log->status = 200;
     auto state = std::make_shared<std::vector<Choice>>(std::move(choices));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -603,17 +599,18 @@ struct HttpServer::Impl {
         auto chunk = c.stream->next(wait);
         if (!chunk) continue;
         any = true;
-        c.token_times.insert(c.token_times.end(), chunk->token_times.begin(),
-                             chunk->token_times.end());
         ChoiceResult out;
         out.index = c.index;
         out.text = chunk->text;
         out.has_logprobs = r.params.logprobs;
         if (r.params.logprobs) out.logprobs = logprob_entries(chunk->tokens);
+        // The text and tokens went out above; the times and the end are gathered.
+        chunk->text.clear();
+        chunk->tokens.clear();
+        engine::merge_chunk(c.final, std::move(*chunk));
         if (chunk->finished) {
           c.done = true;
           --remaining;
-          c.final = *chunk;
           if (auto e = record_end(c, log)) {
             if (!failure) failure = e;
             continue;

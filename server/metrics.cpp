@@ -86,7 +86,8 @@ std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics
   metric(out, "gauge", "pagellm:kv_cache_free_blocks", "KV blocks holding nothing.", labels,
          stats.kv.free_blocks);
   metric(out, "gauge", "pagellm:cache_config_info", "The KV pool's configuration.",
-         labels + ",block_size=\"16\",num_blocks=\"" + std::to_string(stats.kv.total_blocks) + "\"",
+         labels + ",block_size=\"" + std::to_string(paging::kBlockSize) + "\",num_blocks=\"" +
+             std::to_string(stats.kv.total_blocks) + "\"",
          1);
   metric(out, "counter", "pagellm:prompt_tokens_total", "Prompt tokens of admitted requests.",
          labels, double(stats.scheduler.prompt_tokens));

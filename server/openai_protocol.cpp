@@ -139,7 +139,7 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
   if (auto v = int_field(body, "priority", -kMaxInt32, kMaxInt32)) {
     r.priority = static_cast<int32_t>(*v);
   }
-  if (auto v = string_field(body, "user")) r.user = *v;
+  string_field(body, "user");  // accepted (and type-checked), not used
   if (auto v = bool_field(body, "stream")) r.stream = *v;
   if (const ordered_json* v = field(body, "stream_options")) {
     if (!v->is_object()) fail("'stream_options' must be an object", "stream_options");

@@ -61,10 +61,8 @@ struct CompletionRequest {
   bool max_tokens_set = false;  // unset (chat): the rest of the context window
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  bool echo = false;
   int32_t priority = 0;
   bool skip_special_tokens = true;
-  std::string user;
 };
 
 // Parse and validate a body. Throws ApiException (status 400) with the parameter at fault.

@@ -9,7 +9,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "engine/model_weights.h"
@@ -76,37 +75,18 @@ class CudaMemory {
 using DeviceMemory = CudaMemory<Where::kDevice>;
 using PinnedMemory = CudaMemory<Where::kPinnedHost>;
 
-float host_value(const void* data, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kF32:
-      return static_cast<const float*>(data)[i];
-    case DType::kF16:
-      return kernels::f16_to_f32(static_cast<const uint16_t*>(data)[i]);
-    case DType::kBF16:
-      return kernels::bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
-  }
-  return 0;
-}
-
-// `n` values of `from` at `src` as `to`, appended to `out` (raw bytes).
-void append_converted(const void* src, DType from, DType to, int64_t n,
-                      std::vector<unsigned char>& out) {
-  const size_t start = out.size();
-  out.resize(start + static_cast<size_t>(n * kernels::dtype_size(to)));
-  unsigned char* dst = out.data() + start;
+// Copies n values of `from` at host address `src` into device memory as `to`,
+// converting on the host only when the formats differ.
+void copy_to_device(void* dst, const void* src, DType from, DType to, int64_t n) {
+  const size_t bytes = static_cast<size_t>(n * kernels::dtype_size(to));
   if (from == to) {
-    std::memcpy(dst, src, static_cast<size_t>(n * kernels::dtype_size(to)));
+    PAGELLM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     return;
   }
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = host_value(src, from, i);
-    if (to == DType::kF32) {
-      std::memcpy(dst + 4 * i, &v, 4);
-    } else {
-      const uint16_t h = to == DType::kBF16 ? kernels::f32_to_bf16(v) : kernels::f32_to_f16(v);
-      std::memcpy(dst + 2 * i, &h, 2);
-    }
-  }
+  std::vector<unsigned char> converted(bytes);
+  for (int64_t i = 0; i < n; ++i)
+    kernels::store_f32(converted.data(), to, i, kernels::load_f32(src, from, i));
+  PAGELLM_CUDA_CHECK(cudaMemcpy(dst, converted.data(), bytes, cudaMemcpyHostToDevice));
 }
 
 // Decode graphs are captured for these batch sizes; a batch runs in the smallest that
@@ -114,6 +94,14 @@ void append_converted(const void* src, DType from, DType to, int64_t n,
 constexpr int32_t kGraphBatchSizes[] = {1,   2,   4,   8,   16,  24,  32,  48,  64, 96,
                                         128, 160, 192, 224, 256, 320, 384, 448, 512};
 constexpr int32_t kMinGraphContext = 512;
+
+// The captured batch size a batch of `seqs` runs in; none above the largest.
+std::optional<int32_t> graph_batch_size(int32_t seqs) {
+  const int32_t* b =
+      std::lower_bound(std::begin(kGraphBatchSizes), std::end(kGraphBatchSizes), seqs);
+  if (b == std::end(kGraphBatchSizes)) return std::nullopt;
+  return *b;
+}
 
 int64_t round_up_pow2(int64_t v, int64_t at_least) {
   int64_t p = at_least;
@@ -148,14 +136,6 @@ class Staging {
   size_t capacity_ = 0, used_ = 0;
 };
 
-// The kernels' shapes (kernels/cuda/attention.cu): checked when the model loads.
-bool attention_supports(const ModelConfig& c) {
-  const int64_t d = c.head_dim;
-  const bool dim = d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
-  return dim && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0 &&
-         c.num_heads / c.num_kv_heads <= 16;
-}
-
 class CudaBackend final : public Backend {
  public:
   CudaBackend(ModelConfig config, const BackendOptions& options, DType weight_dtype)
@@ -175,7 +155,8 @@ class CudaBackend final : public Backend {
     }
     max_model_len_ = static_cast<int32_t>(max_len);
     const int64_t D = config_.head_dim;
-    if (!attention_supports(config_)) {
+    if (!cuda::paged_attention_supports(static_cast<int>(D), static_cast<int>(config_.num_heads),
+                                        static_cast<int>(config_.num_kv_heads))) {
       throw ConfigError(
           "backend cuda: attention supports head_dim 16, 32, 64, 128 or 256 and "
           "at most 16 query heads per KV head; this model has head_dim " +
@@ -212,18 +193,17 @@ class CudaBackend final : public Backend {
       Layer dst;
       dst.qkv = upload_concat({&src.q_proj, &src.k_proj, &src.v_proj});
       if (src.q_bias || src.k_bias || src.v_bias) {
-        std::vector<unsigned char> bias;
+        // float32 q|k|v bias; a part the model lacks stays zero.
+        dst.qkv_bias = DeviceMemory((q_dim_ + 2 * kv_dim_) * sizeof(float));
+        PAGELLM_CUDA_CHECK(cudaMemset(dst.qkv_bias.get(), 0, dst.qkv_bias.bytes()));
         const std::optional<TensorView>* parts[] = {&src.q_bias, &src.k_bias, &src.v_bias};
+        const int64_t offsets[] = {0, q_dim_, q_dim_ + kv_dim_};
         const int64_t sizes[] = {q_dim_, kv_dim_, kv_dim_};
         for (int i = 0; i < 3; ++i) {
-          if (*parts[i]) {
-            append_converted((*parts[i])->data, (*parts[i])->dtype, DType::kF32, sizes[i], bias);
-          } else {
-            const std::vector<float> zeros(sizes[i], 0.0f);
-            append_converted(zeros.data(), DType::kF32, DType::kF32, sizes[i], bias);
-          }
+          if (!*parts[i]) continue;
+          copy_to_device(dst.qkv_bias.get<float>() + offsets[i], (*parts[i])->data,
+                         (*parts[i])->dtype, DType::kF32, sizes[i]);
         }
-        dst.qkv_bias = to_device(bias);
       }
       dst.o = upload_tensor(src.o_proj, compute_dtype_);
       dst.gate_up = upload_concat({&src.gate_proj, &src.up_proj});
@@ -257,9 +237,9 @@ class CudaBackend final : public Backend {
       std::vector<float> host(n);
       for (int64_t i = 0; i < n; ++i)
         host[i] = 1.0f + 0.01f * static_cast<float>((i * 7919) % 13 - 6);
-      std::vector<unsigned char> bytes;
-      append_converted(host.data(), DType::kF32, compute_dtype_, n, bytes);
-      return to_device(bytes);
+      DeviceMemory m(static_cast<size_t>(n * kernels::dtype_size(compute_dtype_)));
+      copy_to_device(m.get(), host.data(), DType::kF32, compute_dtype_, n);
+      return m;
     };
     embed_dtype_ = compute_dtype_;
     embed_ = random(V * H, 1.0f);
@@ -310,8 +290,6 @@ class CudaBackend final : public Backend {
   void allocate_kv_cache(int64_t num_blocks, DType dtype) override {
     if (!kv_.empty()) throw std::logic_error("the KV cache is allocated once");
     PAGELLM_CUDA_CHECK(cudaSetDevice(options_.device));
-    kv_dtype_ = dtype;
-    kv_blocks_ = num_blocks;
     const int64_t per_tensor = num_blocks * cuda::kBlockSize * kv_dim_ * kernels::dtype_size(dtype);
     kv_memory_ = DeviceMemory(static_cast<size_t>(2 * config_.num_layers * per_tensor));
     // Zeroed, as on the CPU: a block is always written before it is read, but a clean
@@ -357,22 +335,22 @@ class CudaBackend final : public Backend {
     }
   };
 
-  DeviceMemory to_device(const std::vector<unsigned char>& bytes) {
-    DeviceMemory m(bytes.size());
-    PAGELLM_CUDA_CHECK(cudaMemcpy(m.get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    return m;
-  }
-  DeviceMemory upload_tensor(const TensorView& t, DType to) {
-    std::vector<unsigned char> bytes;
-    append_converted(t.data, t.dtype, to, t.num_elements(), bytes);
-    return to_device(bytes);
-  }
+  // Straight from the checkpoint's mapping when the format is already `to`.
+  DeviceMemory upload_tensor(const TensorView& t, DType to) { return upload_concat({&t}, to); }
   // Row-wise concatenation ([n1 + n2 + ..., k]) of weights that read the same input.
-  DeviceMemory upload_concat(std::initializer_list<const TensorView*> parts) {
-    std::vector<unsigned char> bytes;
+  DeviceMemory upload_concat(std::initializer_list<const TensorView*> parts,
+                             std::optional<DType> to = std::nullopt) {
+    const DType dtype = to.value_or(compute_dtype_);
+    int64_t n = 0;
     for (const TensorView* t : parts)
-      append_converted(t->data, t->dtype, compute_dtype_, t->num_elements(), bytes);
-    return to_device(bytes);
+      n += t->num_elements();
+    DeviceMemory m(static_cast<size_t>(n * kernels::dtype_size(dtype)));
+    unsigned char* at = m.get<unsigned char>();
+    for (const TensorView* t : parts) {
+      copy_to_device(at, t->data, t->dtype, dtype, t->num_elements());
+      at += t->num_elements() * kernels::dtype_size(dtype);
+    }
+    return m;
   }
 
   void finish_setup();
@@ -402,8 +380,6 @@ class CudaBackend final : public Backend {
   // KV pool: per layer K then V, [num_blocks, 16, kv_heads, head_dim] each.
   DeviceMemory kv_memory_;
   std::vector<cuda::KVCacheLayer> kv_;
-  DType kv_dtype_ = DType::kBF16;
-  int64_t kv_blocks_ = 0;
 
   // Activations and step inputs, sized for the largest step (ensure_capacity).
   int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_width_ = 0;
@@ -415,7 +391,6 @@ class CudaBackend final : public Backend {
   DeviceMemory sample_temperature_, sample_top_k_, sample_top_p_, sample_min_p_, sample_uniform_,
       sampled_;
   PinnedMemory host_argmax_, host_logits_, host_sampled_;
-  int32_t cap_host_rows_ = 0;
   Staging staging_;
 
   // Decode graphs by (batch size, context bucket).
@@ -425,24 +400,17 @@ class CudaBackend final : public Backend {
 
 void CudaBackend::finish_setup() {
   const std::vector<float> inv_freq = rope_inv_freq(config_);
-  std::vector<unsigned char> bytes;
-  append_converted(inv_freq.data(), DType::kF32, DType::kF32, static_cast<int64_t>(inv_freq.size()),
-                   bytes);
-  inv_freq_ = to_device(bytes);
+  inv_freq_ = DeviceMemory(inv_freq.size() * sizeof(float));
+  copy_to_device(inv_freq_.get(), inv_freq.data(), DType::kF32, DType::kF32,
+                 static_cast<int64_t>(inv_freq.size()));
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
   const int64_t per_layer = (q_dim_ + 2 * kv_dim_) * H + H * q_dim_ + 2 * I * H + H * I;
   weight_bytes_ = (config_.num_layers * per_layer + config_.vocab_size * H) *
                   kernels::dtype_size(compute_dtype_);
   // Buffers for the largest step the engine will run, before the KV pool takes the rest.
-  int32_t graph_seqs = options_.max_num_seqs;
-  if (options_.cuda_graphs) {
-    for (int32_t b : kGraphBatchSizes) {
-      if (b >= options_.max_num_seqs) {
-        graph_seqs = b;
-        break;
-      }
-    }
-  }
+  const int32_t graph_seqs =
+      options_.cuda_graphs ? graph_batch_size(options_.max_num_seqs).value_or(options_.max_num_seqs)
+                           : options_.max_num_seqs;
   const int32_t width = static_cast<int32_t>(
       (round_up_pow2(max_model_len_, kMinGraphContext) + cuda::kBlockSize - 1) / cuda::kBlockSize);
   ensure_capacity(std::max(options_.max_num_batched_tokens, graph_seqs), graph_seqs, width);
@@ -734,12 +702,9 @@ void CudaBackend::forward(const ForwardBatch& batch, ForwardOutput& out) {
   bool use_graph = false;
   if (options_.cuda_graphs && st.decode && st.seqs > 0) {
     const int64_t context = round_up_pow2(max_context, kMinGraphContext);
-    for (int32_t b : kGraphBatchSizes) {
-      if (b >= st.seqs) {
-        key = {b, static_cast<int32_t>(context)};
-        use_graph = context <= int64_t(cap_width_) * cuda::kBlockSize;
-        break;
-      }
+    if (const auto b = graph_batch_size(st.seqs)) {
+      key = {*b, static_cast<int32_t>(context)};
+      use_graph = context <= int64_t(cap_width_) * cuda::kBlockSize;
     }
     auto seen = graph_seen_.find(key);
     if (seen != graph_seen_.end() && seen->second < 0) use_graph = false;

@@ -52,15 +52,7 @@ inline bool use_simd() {
 }
 
 inline float load_scalar(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32:
-      return static_cast<const float*>(p)[i];
-    case DType::kF16:
-      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16:
-      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0.f;
+  return load_f32(p, t, i);
 }
 
 // Tree over 16 lanes: (l, l+8), then (l, l+4), (l, l+2), (0, 1).

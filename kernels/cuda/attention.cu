@@ -926,28 +926,32 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+constexpr int kMaxGroup = 16;  // query heads per KV head
+
+bool supported_head_dim(int d) {
+  return d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
+}
+
 // Validates what both kernels share; returns G.
 int check_common(const char* fn, const KVCacheLayer& cache, int num_q_heads, DType out_dtype,
                  const void* q, const void* out) {
-  const std::string name(fn);
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(std::string(fn) + ": " + what);
+  };
   const int D = cache.head_dim;
-  if (D != 16 && D != 32 && D != 64 && D != 128 && D != 256)
-    throw std::invalid_argument(name + ": head_dim " + std::to_string(D) +
-                                " is not supported (16, 32, 64, 128 or 256)");
+  if (!supported_head_dim(D))
+    fail("head_dim " + std::to_string(D) + " is not supported (16, 32, 64, 128 or 256)");
   if (cache.num_kv_heads < 1 || num_q_heads < 1 || num_q_heads % cache.num_kv_heads != 0)
-    throw std::invalid_argument(name + ": num_q_heads " + std::to_string(num_q_heads) +
-                                " is not a multiple of num_kv_heads " +
-                                std::to_string(cache.num_kv_heads));
+    fail("num_q_heads " + std::to_string(num_q_heads) + " is not a multiple of num_kv_heads " +
+         std::to_string(cache.num_kv_heads));
   const int G = num_q_heads / cache.num_kv_heads;
-  if (G > 16)
-    throw std::invalid_argument(name + ": " + std::to_string(G) +
-                                " query heads per KV head; at most 16 are supported");
+  if (G > kMaxGroup) fail(std::to_string(G) + " query heads per KV head; at most 16 are supported");
   if (cache.dtype != DType::kF32 && cache.dtype != DType::kF16 && cache.dtype != DType::kBF16)
-    throw std::invalid_argument(name + ": unsupported KV cache dtype");
+    fail("unsupported KV cache dtype");
   if (out_dtype != DType::kF32 && out_dtype != DType::kF16 && out_dtype != DType::kBF16)
-    throw std::invalid_argument(name + ": unsupported output dtype");
+    fail("unsupported output dtype");
   if (!aligned16(q) || !aligned16(out) || !aligned16(cache.k) || !aligned16(cache.v))
-    throw std::invalid_argument(name + ": q, out and the KV cache must be 16-byte aligned");
+    fail("q, out and the KV cache must be 16-byte aligned");
   return G;
 }
 
@@ -1005,6 +1009,11 @@ int general_rows(int head_dim) {
 }
 
 }  // namespace
+
+bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads) {
+  return supported_head_dim(head_dim) && num_kv_heads > 0 && num_q_heads > 0 &&
+         num_q_heads % num_kv_heads == 0 && num_q_heads / num_kv_heads <= kMaxGroup;
+}
 
 size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int head_dim,
                                               int32_t max_context) {

@@ -129,6 +129,10 @@ void paged_attention(const float* q,  // [num_tokens, num_q_heads, head_dim]
 // context_len 0 (a padding row of a captured batch) gets zero output.
 inline constexpr int kDecodePartitionTokens = 512;
 
+// Whether both attention kernels take this shape (head_dim 16, 32, 64, 128 or 256; at
+// most 16 query heads per KV head): a model can be checked when it loads.
+bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads);
+
 // Float32 scratch the decode kernel needs, in bytes.
 size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int head_dim,
                                               int32_t max_context);

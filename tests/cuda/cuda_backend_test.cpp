@@ -103,10 +103,9 @@ class CudaBackendTest : public ::testing::TestWithParam<Arch> {
 
 TEST_P(CudaBackendTest, GreedyTokensMatchTheCpuBackend) {
   // Prompt lengths around block boundaries, two sharing a prefix (prefix-cache hits).
-  std::mt19937 rng(std::random_device{}());
-  const uint32_t seed = rng();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  rng.seed(seed);
+  const uint32_t seed = kernels::cuda::testing::fresh_seed();
+  SCOPED_TRACE(kernels::cuda::testing::seed_trace(seed));
+  std::mt19937 rng(seed);
   std::vector<std::vector<int32_t>> prompts;
   for (int len : {1, 15, 16, 17, 31, 33, 100}) {
     std::vector<int32_t> p(len);
@@ -183,8 +182,8 @@ TEST_P(CudaBackendTest, LogitsOfPrefillDecodeAndGraphStepsMatchTheCpu) {
   const kernels::DType kv_dtype = default_kv_dtype(c);
   cpu->allocate_kv_cache(150, kv_dtype);
   gpu->allocate_kv_cache(150, kv_dtype);
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint32_t seed = kernels::cuda::testing::fresh_seed();
+  SCOPED_TRACE(kernels::cuda::testing::seed_trace(seed));
   std::mt19937 rng(seed);
   HandBatches h(3, 150, rng);  // 50 blocks (800 tokens) each
   const int prompt[] = {505, 9, 40};
@@ -228,8 +227,8 @@ TEST_P(CudaBackendTest, ArgmaxPartialLogitsAndDrawsMatchTheCpu) {
   const kernels::DType kv_dtype = default_kv_dtype(cpu->config());
   cpu->allocate_kv_cache(64, kv_dtype);
   gpu->allocate_kv_cache(64, kv_dtype);
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const uint32_t seed = kernels::cuda::testing::fresh_seed();
+  SCOPED_TRACE(kernels::cuda::testing::seed_trace(seed));
   std::mt19937 rng(seed);
   HandBatches h(8, 64, rng);
   for (int s = 0; s < 8; ++s) {

@@ -389,7 +389,9 @@ TEST(CudaSampleTopKTopP, NaNLogitsAreNeverDrawn) {
 // argmax): their output stays as it was, here the poison -1.
 TEST(CudaSampleTopKTopP, RowsWithoutATemperatureAreLeftUntouched) {
   PAGELLM_REQUIRE_GPU();
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
   Batch b = make_batch(6, 1000, rng);
   b.temperature = {0.8f, 0.0f, 1.0f, -1.0f, 0.0f, 1.2f};
   const std::vector<int32_t> out = gpu_sample(b);

@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,16 +19,7 @@ namespace pagellm {
 namespace {
 
 using json = nlohmann::json;
-
-double metric(httplib::Client& client, const std::string& name) {
-  auto res = client.Get("/metrics");
-  if (!res || res->status != 200) return -1;
-  std::istringstream lines(res->body);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(name, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
+using test::metric;
 
 json completion(httplib::Client& client, json body) {
   auto res = client.Post("/v1/completions", body.dump(), "application/json");

@@ -1,11 +1,9 @@
 // `pagellm serve` end to end: the real binary on a free port with the tiny demo model,
 // real HTTP requests, every endpoint and the errors clients can cause.
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,6 +26,7 @@ namespace {
 
 using nlohmann::json;
 using namespace std::chrono_literals;
+using test::metric;
 
 constexpr const char* kKey = "test-key";
 
@@ -136,16 +134,6 @@ std::string stream_text(const Sse& sse, bool chat_format, int index = 0) {
 }
 
 // Reads a metric's value from /metrics (the first line starting with `name`).
-double metric(httplib::Client& client, const std::string& name) {
-  auto res = client.Get("/metrics");
-  if (!res || res->status != 200) return -1;
-  std::istringstream lines(res->body);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(name, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
-
 class Server : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

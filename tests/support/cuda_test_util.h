@@ -115,15 +115,8 @@ class Stream {
 inline std::vector<float> decode(const std::vector<uint8_t>& bytes, DType dtype) {
   const size_t n = bytes.size() / dtype_size(dtype);
   std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (dtype == DType::kF32) {
-      std::memcpy(&out[i], bytes.data() + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, bytes.data() + 2 * i, 2);
-      out[i] = dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-    }
-  }
+  for (size_t i = 0; i < n; ++i)
+    out[i] = load_f32(bytes.data(), dtype, static_cast<int64_t>(i));
   return out;
 }
 

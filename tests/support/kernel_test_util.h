@@ -35,14 +35,8 @@ inline std::vector<float> poisoned(size_t n) {
 // Values stored in `t` (raw bytes), from float32 with round to nearest even.
 inline std::vector<uint8_t> encode(const std::vector<float>& v, DType t) {
   std::vector<uint8_t> out(v.size() * dtype_size(t));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (t == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &v[i], 4);
-    } else {
-      const uint16_t h = t == DType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
+  for (size_t i = 0; i < v.size(); ++i)
+    store_f32(out.data(), t, static_cast<int64_t>(i), v[i]);
   return out;
 }
 

@@ -134,6 +134,17 @@ class ServerProcess {
   std::filesystem::path log_;
 };
 
+// The value of the first /metrics line that starts with `name`, or -1.
+inline double metric(httplib::Client& client, const std::string& name) {
+  auto res = client.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
 // Runs `command` through the shell with stdout and stderr in `output`; its exit code.
 inline int run_command(const std::string& command, std::string& output) {
   const auto log = std::filesystem::temp_directory_path() /
