@@ -4,6 +4,8 @@
 // decoding one token per step through the paged KV cache); prefill tokens/s for one
 // prompt. Decode at small batch is memory-bound: each step reads every weight byte once
 // plus the batch's KV, so the roofline is bandwidth / bytes read per step, times batch.
+// On the CPU the bandwidth of each decode figure is measured around and between its own
+// steps (median of 5 samples), since a shared machine's bandwidth drifts within seconds.
 //
 //   pagellm_model_bench [--model DIR] [--batches 1,8,16,32] [--context 128]
 //                       [--steps 32] [--prefill 512] [--json FILE]
@@ -114,6 +116,7 @@ engine::ModelConfig llama3_8b_shape() {
 struct Loaded {
   std::unique_ptr<engine::Backend> backend;
   double bandwidth_gbs = 0;
+  std::unique_ptr<bench::CopyBandwidth> copy;  // CPU: to sample the bandwidth again
   std::string name;
 };
 
@@ -122,7 +125,8 @@ Loaded load(const Options& opt, int max_batch, int max_tokens) {
   if (opt.backend == "cpu") {
     if (!opt.shape.empty()) throw std::runtime_error("--shape needs --backend cuda");
     l.name = bench::bench_model_dir(opt.model).string();
-    l.bandwidth_gbs = bench::measure_copy_bandwidth();
+    l.copy = std::make_unique<bench::CopyBandwidth>();
+    l.bandwidth_gbs = l.copy->measure();
     l.backend = engine::make_cpu_backend(engine::LlamaModel::load(l.name));
     return l;
   }
@@ -155,6 +159,7 @@ struct DecodeResult {
   int batch;
   double tokens_per_s;
   double bytes_per_step;
+  double bandwidth_gbs;  // the copy bandwidth while this batch ran
   double roofline_tokens_per_s;
 };
 
@@ -185,7 +190,7 @@ int main(int argc, char** argv) try {
   std::printf("weights read per step: %.1f MB (%s); KV cache %s\n",
               model->weight_bytes_per_step() / 1e6, kernels::dtype_name(config.dtype),
               kernels::dtype_name(kv_dtype));
-  std::printf("copy bandwidth (read + write): %.1f GB/s\n\n", bandwidth);
+  std::printf("copy bandwidth (read + write) at start: %.1f GB/s\n\n", bandwidth);
 
   engine::ForwardBatch batch;
   engine::ForwardOutput logits;
@@ -221,17 +226,30 @@ int main(int argc, char** argv) try {
     // captures its graph.
     for (int w = 0; w < 3; ++w)
       decode_step();
-    std::vector<double> step_seconds;
+    // The bandwidth is sampled before, between quarters of, and after the timed steps.
+    constexpr int kSamples = 5;
+    std::vector<double> step_seconds, bandwidth_samples;
+    const auto sample_bandwidth = [&] {
+      if (loaded.copy) bandwidth_samples.push_back(loaded.copy->measure(3));
+    };
+    sample_bandwidth();
     for (int step = 0; step < opt.steps; ++step) {
       const auto start = std::chrono::steady_clock::now();
       decode_step();
       step_seconds.push_back(seconds_since(start));
+      if ((step + 1) % std::max(1, opt.steps / (kSamples - 1)) == 0 &&
+          static_cast<int>(bandwidth_samples.size()) < kSamples - 1)
+        sample_bandwidth();
     }
+    sample_bandwidth();
+    const double batch_bandwidth =
+        bandwidth_samples.empty() ? bandwidth : median(bandwidth_samples);
     // KV bytes read in a step: every cached token of every sequence, at mid-run length.
     const double mid_context = opt.context + 3 + opt.steps / 2.0;
     const double bytes =
         model->weight_bytes_per_step() + b * mid_context * config.kv_bytes_per_token(kv_dtype);
-    decode.push_back({b, b / median(step_seconds), bytes, bandwidth * 1e9 / bytes * b});
+    decode.push_back(
+        {b, b / median(step_seconds), bytes, batch_bandwidth, batch_bandwidth * 1e9 / bytes * b});
     for (paging::SeqId id : ids)
       kv.free_sequence(id);
   }
@@ -252,11 +270,11 @@ int main(int argc, char** argv) try {
     kv.free_sequence(id);
   }
 
-  std::printf("%-22s %12s %16s %14s %10s\n", "decode", "tokens/s", "MB read/step", "roofline t/s",
-              "of roof");
+  std::printf("%-22s %12s %16s %10s %14s %10s\n", "decode", "tokens/s", "MB read/step", "GB/s",
+              "roofline t/s", "of roof");
   for (const DecodeResult& d : decode) {
-    std::printf("batch %-16d %12.1f %16.1f %14.1f %9.1f%%\n", d.batch, d.tokens_per_s,
-                d.bytes_per_step / 1e6, d.roofline_tokens_per_s,
+    std::printf("batch %-16d %12.1f %16.1f %10.1f %14.1f %9.1f%%\n", d.batch, d.tokens_per_s,
+                d.bytes_per_step / 1e6, d.bandwidth_gbs, d.roofline_tokens_per_s,
                 100 * d.tokens_per_s / d.roofline_tokens_per_s);
   }
   std::printf("\nprefill, %d-token prompt: %.1f tokens/s\n", opt.prefill, prefill_best);
@@ -271,9 +289,9 @@ int main(int argc, char** argv) try {
     for (size_t i = 0; i < decode.size(); ++i) {
       std::fprintf(f,
                    "%s{\"batch\": %d, \"tokens_per_s\": %.3f, \"bytes_per_step\": %.0f, "
-                   "\"roofline_tokens_per_s\": %.3f}",
+                   "\"copy_bandwidth_gbs\": %.3f, \"roofline_tokens_per_s\": %.3f}",
                    i ? ", " : "", decode[i].batch, decode[i].tokens_per_s, decode[i].bytes_per_step,
-                   decode[i].roofline_tokens_per_s);
+                   decode[i].bandwidth_gbs, decode[i].roofline_tokens_per_s);
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);
