@@ -2,6 +2,30 @@
 
 namespace pagellm::cli {
 
+std::optional<long long> whole_integer(const std::string& text) {
+  size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used, 10);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size()) return std::nullopt;
+  return value;
+}
+
+std::optional<double> whole_number(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size()) return std::nullopt;
+  return value;
+}
+
 ArgReader::ArgReader(Args args, std::set<std::string> options, std::set<std::string> flags) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string arg(args[i]);

@@ -19,6 +19,11 @@ class UsageError : public std::runtime_error {
   explicit UsageError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// The whole of `text` as a base-10 integer, or as a decimal number (std::stod's syntax,
+// "inf" included); nullopt when it is not one: empty, trailing characters, out of range.
+std::optional<long long> whole_integer(const std::string& text);
+std::optional<double> whole_number(const std::string& text);
+
 class ArgReader {
  public:
   // `options` take a value; `flags` do not. Names include the leading dashes.

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
-#include <limits>
 #include <string>
 
 #include "bench/load_generator.h"
@@ -47,31 +46,18 @@ constexpr const char* kUsage =
     "Exits 1 when any request failed.\n";
 
 long long parse_int(const std::string& name, const std::string& text, long long min) {
-  size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || value < min)
+  const std::optional<long long> value = whole_integer(text);
+  if (!value || *value < min)
     throw UsageError(name + " must be an integer of at least " + std::to_string(min) + ", not '" +
                      text + "'");
-  return value;
+  return *value;
 }
 
 double parse_number(const std::string& name, const std::string& text) {
-  if (text == "inf") return std::numeric_limits<double>::infinity();
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || !(value >= 0))
+  const std::optional<double> value = whole_number(text);  // "inf" included
+  if (!value || !(*value >= 0))
     throw UsageError(name + " must be a non-negative number, not '" + text + "'");
-  return value;
+  return *value;
 }
 
 }  // namespace

@@ -105,18 +105,12 @@ struct ServeOptions {
 };
 
 int64_t parse_int(const std::string& name, const std::string& text, int64_t lo, int64_t hi) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used, 10);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || v < lo || v > hi) {
+  const std::optional<long long> v = whole_integer(text);
+  if (!v || *v < lo || *v > hi) {
     throw UsageError(name + " must be an integer in [" + std::to_string(lo) + ", " +
                      std::to_string(hi) + "], not '" + text + "'");
   }
-  return v;
+  return *v;
 }
 
 // Config file values as option strings, keyed by flag name ("max_num_seqs" and
@@ -206,17 +200,11 @@ ServeOptions parse_options(const ArgReader& reader) {
     o.shutdown_timeout = static_cast<double>(parse_int("--shutdown-timeout", *v, 0, 24 * 3600));
   }
   if (auto v = get("--gpu-memory-utilization")) {
-    size_t used = 0;
-    double f = 0;
-    try {
-      f = std::stod(*v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != v->size() || !(f > 0 && f <= 1)) {
+    const std::optional<double> f = whole_number(*v);
+    if (!f || !(*f > 0 && *f <= 1)) {
       throw UsageError("--gpu-memory-utilization must be a number in (0, 1], not '" + *v + "'");
     }
-    o.gpu_memory_utilization = f;
+    o.gpu_memory_utilization = *f;
   }
   if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda") {
     throw UsageError("--backend must be auto, cpu or cuda, not '" + o.backend + "'");
