@@ -7,10 +7,10 @@
 #include "engine/cuda/cuda_backend.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -20,6 +20,7 @@
 #include "engine/llama_model.h"
 #include "engine/tokenizer_config.h"
 #include "support/cuda_test_util.h"
+#include "support/temp_model.h"
 
 namespace pagellm::engine {
 namespace {
@@ -42,15 +43,11 @@ class CudaBackendTest : public ::testing::TestWithParam<Arch> {
  protected:
   void SetUp() override {
     PAGELLM_REQUIRE_GPU();
-    dir_ = fs::temp_directory_path() /
-           ("pagellm_cuda_backend_test_" + std::to_string(::getpid()) + "_" + GetParam().name);
     DemoModelSpec spec = demo_model_preset("tiny", GetParam().architecture);
     spec.tie_word_embeddings = GetParam().tied;
-    write_demo_model(dir_, spec);
+    model_.emplace(std::string("pagellm_cuda_backend_test_") + GetParam().name, spec);
+    dir_ = model_->path();
     tokenizer_ = std::make_shared<Tokenizer>(Tokenizer::from_dir(dir_));
-  }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
   }
 
   BackendOptions cuda_options(bool float32) const {
@@ -97,6 +94,7 @@ class CudaBackendTest : public ::testing::TestWithParam<Arch> {
     return out;
   }
 
+  std::optional<testing::TempDemoModel> model_;
   fs::path dir_;
   std::shared_ptr<const Tokenizer> tokenizer_;
 };
@@ -274,15 +272,12 @@ INSTANTIATE_TEST_SUITE_P(Architectures, CudaBackendTest, ::testing::ValuesIn(kAr
 TEST(CudaBackendSelection, AutoPicksTheCpuWithoutADevice) {
   if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
   EXPECT_FALSE(cuda_device_available());
-  const fs::path dir =
-      fs::temp_directory_path() / ("pagellm_cuda_selection_test_" + std::to_string(::getpid()));
-  write_demo_model(dir, demo_model_preset("tiny"));
+  const testing::TempDemoModel model("pagellm_cuda_selection_test", demo_model_preset("tiny"));
   BackendOptions o;
   o.kind = "auto";
-  EXPECT_EQ(load_backend(dir, o)->name(), "cpu");
+  EXPECT_EQ(load_backend(model.path(), o)->name(), "cpu");
   o.kind = "cuda";
-  EXPECT_THROW(load_backend(dir, o), ConfigError);
-  fs::remove_all(dir);
+  EXPECT_THROW(load_backend(model.path(), o), ConfigError);
 }
 
 }  // namespace

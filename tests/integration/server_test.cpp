@@ -20,6 +20,7 @@
 #include "engine/backend.h"
 #include "engine/demo_model.h"
 #include "support/server_process.h"
+#include "support/temp_model.h"
 
 namespace pagellm {
 namespace {
@@ -672,15 +673,13 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
 // error naming the reason in one without a usable GPU.
 TEST(ServeCli, CudaBackendWithoutAGpuIsRefusedWithTheReason) {
   if (engine::cuda_device_available()) GTEST_SKIP() << "a GPU is present";
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("pagellm_serve_cuda_" + std::to_string(getpid()));
-  engine::write_demo_model(dir, engine::demo_model_preset("tiny"));
+  const testing::TempDemoModel model("pagellm_serve_cuda", engine::demo_model_preset("tiny"));
+  const std::filesystem::path& dir = model.path();
   const std::string log = (dir / "log").string();
   const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
                               dir.string() + "' --backend cuda > '" + log + "' 2>&1";
   const int status = std::system(command.c_str());
   const std::string text = test::read_text_file(log);
-  std::filesystem::remove_all(dir);
   if (engine::cuda_backend_built()) {
     EXPECT_EQ(WEXITSTATUS(status), 1) << text;
     EXPECT_NE(text.find("no usable CUDA device"), std::string::npos) << text;

@@ -4,7 +4,6 @@
 #include "engine/backend.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 
@@ -12,6 +11,7 @@
 #include "engine/kv_cache_memory.h"
 #include "engine/llama_model.h"
 #include "engine/tokenizer_config.h"
+#include "support/temp_model.h"
 
 namespace pagellm::engine {
 namespace {
@@ -21,23 +21,19 @@ namespace fs = std::filesystem;
 class BackendTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() /
-                        ("pagellm_backend_test_" + std::to_string(::getpid())));
-    write_demo_model(*dir_, demo_model_preset("tiny"));
+    model_ = new testing::TempDemoModel("pagellm_backend_test", demo_model_preset("tiny"));
   }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
-  static inline fs::path* dir_ = nullptr;
+  static void TearDownTestSuite() { delete model_; }
+  static const fs::path& dir() { return model_->path(); }
+  static inline testing::TempDemoModel* model_ = nullptr;
 };
 
 TEST_F(BackendTest, CpuIsChosenByNameAndByAutoWithoutAGpu) {
   BackendOptions o;
   o.kind = "cpu";
-  EXPECT_EQ(load_backend(*dir_, o)->name(), "cpu");
+  EXPECT_EQ(load_backend(dir(), o)->name(), "cpu");
   o.kind = "auto";
-  const auto backend = load_backend(*dir_, o);
+  const auto backend = load_backend(dir(), o);
   EXPECT_EQ(backend->name(), cuda_device_available() ? "cuda" : "cpu");
   EXPECT_FALSE(backend->device_description().empty());
 }
@@ -46,7 +42,7 @@ TEST_F(BackendTest, UnknownOrUnavailableBackendsAreRefusedWithAReason) {
   BackendOptions o;
   o.kind = "tpu";
   try {
-    load_backend(*dir_, o);
+    load_backend(dir(), o);
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("unknown backend 'tpu'"), std::string::npos) << e.what();
@@ -54,7 +50,7 @@ TEST_F(BackendTest, UnknownOrUnavailableBackendsAreRefusedWithAReason) {
   if (!cuda_device_available()) {
     o.kind = "cuda";
     try {
-      load_backend(*dir_, o);
+      load_backend(dir(), o);
       FAIL() << "no error";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("backend cuda"), std::string::npos) << e.what();
@@ -63,7 +59,7 @@ TEST_F(BackendTest, UnknownOrUnavailableBackendsAreRefusedWithAReason) {
 }
 
 TEST_F(BackendTest, CpuForwardReturnsTheArgmaxOfEveryLogitRow) {
-  auto backend = make_cpu_backend(LlamaModel::load(*dir_));
+  auto backend = make_cpu_backend(LlamaModel::load(dir()));
   EXPECT_EQ(backend->kv_cache_budget(0.9), std::nullopt);
   backend->allocate_kv_cache(8, default_kv_dtype(backend->config()));
   EXPECT_EQ(backend->kv_cache_bytes(),

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "engine/demo_model.h"
+#include "support/temp_model.h"
 
 namespace pagellm::engine {
 namespace {
@@ -21,15 +22,12 @@ using scheduler::FinishReason;
 class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() /
-                        ("pagellm_engine_test_" + std::to_string(::getpid())));
-    write_demo_model(*dir_, demo_model_preset("tiny"));
+    model_ = new testing::TempDemoModel("pagellm_engine_test", demo_model_preset("tiny"));
     tokenizer_ = new std::shared_ptr<const Tokenizer>(
-        std::make_shared<Tokenizer>(Tokenizer::from_dir(*dir_)));
+        std::make_shared<Tokenizer>(Tokenizer::from_dir(model_->path())));
   }
   static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
+    delete model_;
     delete tokenizer_;
   }
 
@@ -41,7 +39,7 @@ class EngineTest : public ::testing::Test {
     config.scheduler.max_num_batched_tokens = 256;
     config.scheduler.max_waiting = max_waiting;
     config.seed = 1;
-    return std::make_unique<Engine>(LlamaModel::load(*dir_), *tokenizer_, config);
+    return std::make_unique<Engine>(LlamaModel::load(model_->path()), *tokenizer_, config);
   }
 
   static GenerationRequest greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
@@ -60,7 +58,7 @@ class EngineTest : public ::testing::Test {
     return ids;
   }
 
-  static inline fs::path* dir_ = nullptr;
+  static inline testing::TempDemoModel* model_ = nullptr;
   static inline std::shared_ptr<const Tokenizer>* tokenizer_ = nullptr;
 };
 

@@ -16,18 +16,12 @@
 #include "engine/kv_cache_memory.h"
 #include "paging/kv_cache_manager.h"
 #include "support/reference_llama.h"
+#include "support/temp_model.h"
 
 namespace pagellm::engine {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path make_model(const std::string& name, const DemoModelSpec& spec) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("pagellm_model_test_" + name + "_" + std::to_string(::getpid()));
-  write_demo_model(dir, spec);
-  return dir;
-}
 
 int32_t argmax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
@@ -120,7 +114,8 @@ class LlamaModelExactness : public ::testing::TestWithParam<ArchCase> {};
 
 TEST_P(LlamaModelExactness, PagedBatchedGreedyEqualsPlainRecompute) {
   const ArchCase& c = GetParam();
-  const fs::path dir = make_model(c.name, c.spec);
+  const testing::TempDemoModel folder("pagellm_model_test_" + c.name, c.spec);
+  const fs::path& dir = folder.path();
   auto model = LlamaModel::load(dir);
   const ModelConfig& config = model->config();
   const SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(dir);
@@ -191,7 +186,6 @@ TEST_P(LlamaModelExactness, PagedBatchedGreedyEqualsPlainRecompute) {
   // implementations sum in different orders) can move a cached value by one 16-bit ulp,
   // hence the looser bound. Tokens must agree exactly either way.
   EXPECT_LT(max_diff, kv_dtype == kernels::DType::kF32 ? 1e-4 : 1e-2);
-  fs::remove_all(dir);
 }
 
 DemoModelSpec tiny(Architecture arch) {
