@@ -120,18 +120,28 @@ void LlamaModel::forward(const ForwardBatch& batch, KVCacheMemory& cache,
   const int64_t I = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  hidden_.resize(T * H);
-  normed_.resize(T * H);
+  // Scratch grows to the largest step so far and stays: growing a vector zero-fills it,
+  // which every step larger than the one before would pay again. Only the buffers of
+  // this model's layout (fused q|k|v and gate|up or not) are sized.
+  const auto ensure = [](std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  };
+  const auto any_layer = [&](auto has) { return std::any_of(layers_.begin(), layers_.end(), has); };
+  const bool fused_qkv = any_layer([](const Layer& l) { return l.qkv.n() > 0; });
+  const bool fused_gate_up = any_layer([](const Layer& l) { return l.gate_up.n() > 0; });
+  const bool split_gate_up = any_layer([](const Layer& l) { return l.gate_up.n() == 0; });
   const int64_t QD = nh * D, KD = nkv * D;
-  q_.resize(T * QD);
-  k_.resize(T * KD);
-  v_.resize(T * KD);
-  qkv_.resize(T * (QD + 2 * KD));
-  attn_.resize(T * nh * D);
-  proj_.resize(T * H);
-  gate_.resize(T * I);
-  up_.resize(T * I);
-  gate_up_.resize(T * 2 * I);
+  ensure(hidden_, T * H);
+  ensure(normed_, T * H);
+  ensure(q_, T * QD);
+  ensure(k_, T * KD);
+  ensure(v_, T * KD);
+  if (fused_qkv) ensure(qkv_, T * (QD + 2 * KD));
+  ensure(attn_, T * nh * D);
+  ensure(proj_, T * H);
+  ensure(gate_, T * I);
+  if (fused_gate_up) ensure(gate_up_, T * 2 * I);
+  if (split_gate_up) ensure(up_, T * I);
 
   const cpu::PagedAttentionBatch attention{
       batch.num_seqs(),          batch.query_start.data(), batch.context_lens.data(),
@@ -210,7 +220,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KVCacheMemory& cache,
 
   // Only the rows whose next token is wanted go through the final norm and lm_head.
   const int64_t R = static_cast<int64_t>(batch.logit_rows.size());
-  rows_.resize(R * H);
+  ensure(rows_, R * H);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t = batch.logit_rows[r];
     for (int64_t j = 0; j < H; ++j)
