@@ -233,13 +233,14 @@ void Engine::step() {
   for (const scheduler::ScheduledSeq& s : batch.seqs) {
     if (!s.wants_logits) continue;
     const scheduler::SamplingParams& p = s.seq->params;
+    const bool plain = plain_draw(p);
     RowSampling row;
-    if (plain_draw(p) && !p.greedy()) {
+    if (plain && !p.greedy()) {
       row = {p.temperature, p.top_k, p.top_p, p.min_p,
              requests_.at(static_cast<uint64_t>(s.seq->id))->sampler.next_uniform()};
       backend_samples = true;
     }
-    batch_.host_logits.push_back(plain_draw(p) ? 0 : 1);
+    batch_.host_logits.push_back(plain ? 0 : 1);
     batch_.sampling.push_back(row);
   }
   if (!backend_samples) batch_.sampling.clear();
