@@ -200,7 +200,7 @@ void attend(bool simd, const float* q,  // [G, head_dim]
   {
     for (int64_t i = 0; i < npos; ++i) {
       for (int64_t d = 0; d < D; ++d)
-        row[d] = detail::load_scalar(c.k, c.dtype, offsets[i] + d);
+        row[d] = load_f32(c.k, c.dtype, offsets[i] + d);
       for (int g = 0; g < G; ++g)
         scores[g * stride + i] = detail::lane_dot_scalar(q + g * D, row, D) * scale;
     }
@@ -249,7 +249,7 @@ void attend(bool simd, const float* q,  // [G, head_dim]
   std::fill(acc, acc + G * D, 0.f);
   for (int64_t i = 0; i < npos; ++i) {
     for (int64_t d = 0; d < D; ++d)
-      row[d] = detail::load_scalar(c.v, c.dtype, offsets[i] + d);
+      row[d] = load_f32(c.v, c.dtype, offsets[i] + d);
     for (int g = 0; g < G; ++g) {
       const float p = scores[g * stride + i];
       float* ag = acc + g * D;

@@ -30,7 +30,7 @@ void convert_row(const void* src, DType t, int64_t offset, int64_t dim, float* o
   }
 #endif
   for (int64_t d = 0; d < dim; ++d)
-    out[d] = detail::load_scalar(src, t, offset + d);
+    out[d] = load_f32(src, t, offset + d);
 }
 
 // out = x * (1 / sqrt(mean(x^2) + eps)) * weight for one row, as Hugging Face's
@@ -52,7 +52,7 @@ void rmsnorm_row(const float* x, const void* weight, DType wt, int64_t dim, floa
   const float ss = detail::lane_dot_scalar(x, x, dim);
   const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
   for (int64_t d = 0; d < dim; ++d)
-    out[d] = detail::load_scalar(weight, wt, d) * (x[d] * inv);
+    out[d] = load_f32(weight, wt, d) * (x[d] * inv);
 }
 
 // out[i] = silu(gate[i]) * up[i] for i in [0, n).

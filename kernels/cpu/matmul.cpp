@@ -473,7 +473,7 @@ void matmul_reference(const float* x, const void* w, DType w_dtype, const float*
     for (int64_t i = 0; i < m; ++i) {
       float acc = 0.f;
       for (int64_t kk = 0; kk < k; ++kk)
-        acc = std::fma(x[i * k + kk], detail::load_scalar(w, w_dtype, j * k + kk), acc);
+        acc = std::fma(x[i * k + kk], load_f32(w, w_dtype, j * k + kk), acc);
       y[i * n + j] = bias != nullptr ? acc + bias[j] : acc;
     }
   }

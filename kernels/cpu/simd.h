@@ -51,10 +51,6 @@ inline bool use_simd() {
 #endif
 }
 
-inline float load_scalar(const void* p, DType t, int64_t i) {
-  return load_f32(p, t, i);
-}
-
 // Tree over 16 lanes: (l, l+8), then (l, l+4), (l, l+2), (0, 1).
 inline float tree_sum16(const float* lanes) {
   float t8[8], t4[4], t2[2];
@@ -134,7 +130,8 @@ inline __mmask16 tail_mask(int64_t count) {
   return count >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << count) - 1u);
 }
 
-// Up to 16 values of `t` starting at element i, as float32 (lanes past `mask` are 0).
+// Up to 16 values of `t` starting at element i, as float32 (lanes past `mask` are 0): the
+// vector form of load_f32 (kernels/dtype.h).
 inline __m512 load16(const void* p, DType t, int64_t i, __mmask16 mask = 0xffff) {
   switch (t) {
     case DType::kF32:

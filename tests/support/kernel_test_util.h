@@ -40,10 +40,6 @@ inline std::vector<uint8_t> encode(const std::vector<float>& v, DType t) {
   return out;
 }
 
-inline float decode_at(const void* p, DType t, int64_t i) {
-  return detail::load_scalar(p, t, i);
-}
-
 // Index of the first element whose bits differ, or -1.
 inline int64_t first_bit_difference(const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i)

@@ -92,7 +92,7 @@ struct Fixture {
   float kv_at(const std::vector<uint8_t>& c, int32_t seq, int32_t pos, int h, int d) const {
     const int64_t slot =
         int64_t(tables[seq * max_blocks + pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
-    return testing::decode_at(c.data(), t, (slot * hkv + h) * D + d);
+    return load_f32(c.data(), t, (slot * hkv + h) * D + d);
   }
 
   // Checks out[hq, D] for sequence `seq`, query at `pos`, against a double reference.

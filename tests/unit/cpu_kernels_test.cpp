@@ -110,8 +110,7 @@ TEST(CpuMatmul, ReferenceIsCloseToExactProduct) {
       for (int64_t j = 0; j < c.n; ++j) {
         double exact = d.bias[j], magnitude = std::abs(d.bias[j]);
         for (int64_t kk = 0; kk < c.k; ++kk) {
-          const double p =
-              double(d.x[i * c.k + kk]) * testing::decode_at(d.w.data(), t, j * c.k + kk);
+          const double p = double(d.x[i * c.k + kk]) * load_f32(d.w.data(), t, j * c.k + kk);
           exact += p;
           magnitude += std::abs(p);
         }
@@ -229,7 +228,7 @@ std::vector<double> rmsnorm_exact(const float* x, const void* w, DType t, int64_
   const double inv = 1.0 / std::sqrt(ss / dim + eps);
   std::vector<double> out(dim);
   for (int64_t d = 0; d < dim; ++d)
-    out[d] = x[d] * inv * testing::decode_at(w, t, d);
+    out[d] = x[d] * inv * load_f32(w, t, d);
   return out;
 }
 
@@ -391,8 +390,7 @@ TEST(CpuEmbedding, GathersAndConvertsRows) {
         embedding(ids.data(), ids.size(), table.data(), t, hidden, out.data());
         for (size_t i = 0; i < ids.size(); ++i)
           for (int64_t d = 0; d < hidden; ++d)
-            ASSERT_EQ(out[i * hidden + d],
-                      testing::decode_at(table.data(), t, ids[i] * hidden + d));
+            ASSERT_EQ(out[i * hidden + d], load_f32(table.data(), t, ids[i] * hidden + d));
       }
     }
   }
