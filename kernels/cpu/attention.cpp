@@ -282,9 +282,9 @@ void paged_attention(const float* q, const KVCacheLayer& cache, const PagedAtten
   const bool simd = detail::use_simd();
   const int64_t items = num_tokens * kvh;
 
-  // Later positions of a prompt attend to more keys: items are dealt out one by one so
-  // that every thread gets a share of the long ones.
-#pragma omp parallel for schedule(static, 1)
+  // Later positions of a prompt attend to more keys, and the cores of a shared machine
+  // do not run at one speed: threads take small runs of items as they finish.
+#pragma omp parallel for schedule(dynamic, 4)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t t = item / kvh;
     const int h = static_cast<int>(item % kvh);

@@ -11,19 +11,22 @@
 //
 // Decode (m up to 32) is bound by reading the weights: each thread streams its own
 // contiguous range of panels once per call, with software prefetch ahead of the loads,
-// and reuses each loaded weight vector for every row. Prefill reuses float32 copies of
-// k-blocks across row tiles.
+// and reuses each loaded weight vector for every row; a thread that finishes early takes
+// tiles from the end of a slower thread's range. Prefill reuses float32 copies of
+// k-blocks across row tiles, and threads take its work items as they finish.
 
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -314,25 +317,41 @@ inline int64_t balanced(int64_t count, int64_t parts, int64_t i) {
   return count / parts + (i < count % parts ? 1 : 0);
 }
 
-// Few rows: panels [pa, pb) streamed once from memory. Each tile of panels runs its row
-// tiles over one k-block at a time, so the block is read from memory by the first row
-// tile (with prefetch) and from L1 by the others.
+// First index of part i when `count` is split as `balanced` splits it.
+inline int64_t balanced_start(int64_t count, int64_t parts, int64_t i) {
+  return i * (count / parts) + std::min(i, count % parts);
+}
+
+// Few rows: the panels are cut into tiles of `width` panels, each streamed once from
+// memory. A tile runs its row tiles over one k-block at a time, so the block is read from
+// memory by the first row tile (with prefetch) and from L1 by the others.
 template <class W>
-void stream_panels(bool simd, const float* x, const typename W::T* packed, const float* bias,
-                   int64_t m, int64_t n, int64_t k, int64_t pa, int64_t pb, float* y) {
-  const int64_t count = pb - pa;
-  if (count <= 0) return;
-  const int width = m == 1 && simd ? kGemvPanels : kTilePanels;
-  const int64_t tiles = (count + width - 1) / width;
-  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
-  const int64_t kblock = row_tiles == 1 ? std::max<int64_t>(k, 1) : kStreamKBlock;
-  int64_t p0 = pa;
-  for (int64_t i = 0; i < tiles; ++i) {
-    const int P = static_cast<int>(balanced(count, tiles, i));
-    const int64_t col0 = p0 * kPanel;
+struct StreamTiles {
+  bool simd;
+  const float* x;
+  const typename W::T* packed;
+  const float* bias;
+  int64_t m, n, k;
+  int64_t panels;
+  int width;
+  int64_t count;  // tiles
+
+  StreamTiles(bool simd_, const float* x_, const typename W::T* packed_, const float* bias_,
+              int64_t m_, int64_t n_, int64_t k_)
+      : simd(simd_), x(x_), packed(packed_), bias(bias_), m(m_), n(n_), k(k_) {
+    panels = (n + kPanel - 1) / kPanel;
+    width = m == 1 && simd ? kGemvPanels : kTilePanels;
+    count = (panels + width - 1) / width;
+  }
+
+  void run(int64_t i, float* y) const {
+    const int P = static_cast<int>(balanced(panels, count, i));
+    const int64_t col0 = balanced_start(panels, count, i) * kPanel;
     const int ncols = static_cast<int>(std::min<int64_t>(P * kPanel, n - col0));
     const typename W::T* group = packed + col0 * k;
     const float* gbias = bias != nullptr ? bias + col0 : nullptr;
+    const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
+    const int64_t kblock = row_tiles == 1 ? std::max<int64_t>(k, 1) : kStreamKBlock;
     int64_t k0 = 0;
     do {
       const int64_t k1 = std::min(k, k0 + kblock);
@@ -347,8 +366,46 @@ void stream_panels(bool simd, const float* x, const typename W::T* packed, const
       }
       k0 = k1;
     } while (k0 < k);
-    p0 += P;
   }
+};
+
+// The tiles [front, back) first given to one thread. Its owner takes them from the front;
+// a thread that has run out of its own takes them from the back. Each memory stream stays
+// contiguous, and a thread slowed by its neighbours on the machine holds the others up by
+// at most one tile instead of by the difference in their speeds.
+class alignas(64) TileRange {
+ public:
+  void reset(int64_t front, int64_t back) {
+    v_.store(pack(front, back), std::memory_order_relaxed);
+  }
+  bool take_front(int64_t& tile) { return take(tile, true); }
+  bool take_back(int64_t& tile) { return take(tile, false); }
+
+ private:
+  static uint64_t pack(int64_t front, int64_t back) {
+    return static_cast<uint64_t>(front) | static_cast<uint64_t>(back) << 32;
+  }
+  bool take(int64_t& tile, bool from_front) {
+    uint64_t cur = v_.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t front = static_cast<int64_t>(cur & 0xffffffffu);
+      const int64_t back = static_cast<int64_t>(cur >> 32);
+      if (front >= back) return false;
+      const uint64_t next = from_front ? pack(front + 1, back) : pack(front, back - 1);
+      if (v_.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
+        tile = from_front ? front : back - 1;
+        return true;
+      }
+    }
+  }
+  std::atomic<uint64_t> v_{0};
+};
+
+// One range per thread, kept by the calling thread between calls.
+TileRange* tile_ranges(int64_t threads) {
+  thread_local std::vector<TileRange> ranges;
+  if (static_cast<int64_t>(ranges.size()) < threads) ranges = std::vector<TileRange>(threads);
+  return ranges.data();
 }
 
 template <class W>
@@ -357,12 +414,24 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
   const bool simd = detail::use_simd();
   const int64_t panels = (n + kPanel - 1) / kPanel;
   if (m <= kStreamRows || k == 0) {
-    // Each thread owns a contiguous range of panels: one region of memory.
-#pragma omp parallel if (panels > 1)
+    // Each thread starts on a contiguous range of tiles: one region of memory. Every
+    // thread then drains all ranges, so they are done even if fewer threads run.
+    const StreamTiles<W> job(simd, x, packed, bias, m, n, k);
+    const int64_t nt = std::min<int64_t>(job.count, omp_get_max_threads());
+    TileRange* ranges = tile_ranges(nt);
+    for (int64_t t = 0; t < nt; ++t)
+      ranges[t].reset(balanced_start(job.count, nt, t), balanced_start(job.count, nt, t + 1));
+#pragma omp parallel num_threads(static_cast <int>(nt)) if (nt > 1)
     {
-      const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
-      const int64_t pa = panels * tid / nt, pb = panels * (tid + 1) / nt;
-      stream_panels<W>(simd, x, packed, bias, m, n, k, pa, pb, y);
+      const int64_t tid = omp_get_thread_num();
+      int64_t tile = 0;
+      while (ranges[tid].take_front(tile))
+        job.run(tile, y);
+      for (int64_t o = 1; o <= nt; ++o) {
+        TileRange& other = ranges[(tid + o) % nt];
+        while (other.take_back(tile))
+          job.run(tile, y);
+      }
     }
     return;
   }
@@ -373,7 +442,9 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
   const int64_t row_chunks = (m + kRowChunk - 1) / kRowChunk;
   const int64_t items = groups * row_chunks;
 
-#pragma omp parallel for schedule(static)
+  // Items are taken as threads finish them: an item is tens of microseconds of work, and
+  // the cores of a shared machine do not run at one speed.
+#pragma omp parallel for schedule(dynamic)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t g = item / row_chunks;
     const int64_t chunk = item % row_chunks;

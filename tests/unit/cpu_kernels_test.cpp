@@ -165,6 +165,27 @@ TEST(CpuMatmul, ThreadCountDoesNotChangeResults) {
   }
 }
 
+// A call from inside a parallel region gets one thread although it plans for several:
+// that thread must take every planned thread's share. Two callers run at once, each with
+// its own share bookkeeping.
+TEST(CpuMatmul, CallsFromInsideAParallelRegionComputeEveryOutput) {
+  for (int64_t m : {1, 8, 37}) {
+    const MatmulCase c{m, 333, 517, DType::kBF16, true};
+    SCOPED_TRACE(describe(c));
+    const MatmulData d = make_matmul(c, 41);
+    std::vector<float> ref(m * c.n);
+    matmul_reference(d.x.data(), d.w.data(), c.t, d.bias.data(), m, c.n, c.k, ref.data());
+    ScopedThreads four(4);
+    std::vector<std::vector<float>> ys(2);
+#pragma omp parallel num_threads(2)
+    ys[omp_get_thread_num()] = run_matmul(d, c, m, d.x.data());
+    for (const std::vector<float>& y : ys) {
+      if (y.empty()) continue;  // the runtime ran fewer callers
+      EXPECT_BITWISE_EQ(y.data(), ref.data(), m * c.n, "nested call vs reference");
+    }
+  }
+}
+
 TEST(CpuMatmul, PackedWeightShape) {
   const std::vector<uint8_t> w = encode(random_floats(17 * 5, 3), DType::kBF16);
   const PackedWeight p(w.data(), DType::kBF16, 17, 5);
