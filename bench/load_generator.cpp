@@ -88,6 +88,21 @@ std::vector<std::string> read_dataset_prompts(const std::string& path) {
   return prompts;
 }
 
+uint64_t stream_seed(uint64_t seed, uint64_t stream) {
+  // splitmix64's output function over the seed offset by the stream.
+  uint64_t z = seed + (stream + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+WorkloadOptions warmup_workload(const WorkloadOptions& run, int count) {
+  WorkloadOptions w = run;
+  w.num_requests = count;
+  w.seed = stream_seed(run.seed, 1);
+  return w;
+}
+
 std::vector<double> arrival_times(int count, double rate, double burstiness, uint64_t seed) {
   std::vector<double> times(std::max(count, 0), 0.0);
   if (!(rate > 0) || std::isinf(rate)) return times;

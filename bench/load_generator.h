@@ -47,6 +47,15 @@ struct BenchRequest {
 // the shortest prompt).
 std::vector<BenchRequest> build_requests(const WorkloadOptions& options);
 
+// A seed of its own for each random stream of a run (prompts of the warm-up, arrival
+// times) made from the run's seed, far from the small seeds people pass: the warm-up of a
+// run with seed s must not send the prompts of the run with seed s + 1, which that run
+// would then find in the server's prefix cache.
+uint64_t stream_seed(uint64_t seed, uint64_t stream);
+
+// The `count` warm-up requests sent before a run: the run's workload with prompts of their own.
+WorkloadOptions warmup_workload(const WorkloadOptions& run, int count);
+
 // The "prompt" field of every line of a JSONL file. Throws std::runtime_error naming the
 // file and line when one cannot be read.
 std::vector<std::string> read_dataset_prompts(const std::string& path);

@@ -275,17 +275,15 @@ BenchReport run_benchmark(const BenchOptions& o) {
   const int workers = std::max(1, std::min<int>(limit, static_cast<int>(requests.size())));
 
   if (o.warmup > 0) {
-    WorkloadOptions w = o.workload;
-    w.num_requests = o.warmup;
-    w.seed = o.workload.seed + 1;
-    const auto warm = build_requests(w);
+    const auto warm = build_requests(warmup_workload(o.workload, o.warmup));
     std::atomic<int> d{0}, f{0};
     drive(target, o, model, warm, std::vector<double>(warm.size(), 0.0),
           std::max(1, std::min<int>(limit, o.warmup)), Clock::now(), d, f);
   }
 
-  const std::vector<double> arrivals = arrival_times(
-      static_cast<int>(requests.size()), o.request_rate, o.burstiness, o.workload.seed + 2);
+  const std::vector<double> arrivals =
+      arrival_times(static_cast<int>(requests.size()), o.request_rate, o.burstiness,
+                    stream_seed(o.workload.seed, 2));
   const std::optional<ServerMetricsSample> before = scrape(control, target);
 
   // A monitor polls /metrics for the peak KV usage and draws the progress.

@@ -59,6 +59,28 @@ TEST(BuildRequestsTest, SameSeedSameWorkloadOtherSeedOther) {
   EXPECT_NE(build_requests(o)[2].prompt_tokens, a[2].prompt_tokens);
 }
 
+// Runs with seeds 0, 1, 2, ... against one server: no run's warm-up may send a prompt of
+// another run, or that run would find it in the prefix cache.
+TEST(BuildRequestsTest, WarmupPromptsAreNoRunsPrompts) {
+  WorkloadOptions o;
+  o.num_requests = 64;
+  o.input_len = 16;
+  std::set<std::vector<int32_t>> runs;
+  for (uint64_t seed = 0; seed < 32; ++seed) {
+    o.seed = seed;
+    for (const auto& r : build_requests(o))
+      runs.insert(r.prompt_tokens);
+  }
+  for (uint64_t seed = 0; seed < 32; ++seed) {
+    o.seed = seed;
+    const WorkloadOptions w = warmup_workload(o, 16);
+    EXPECT_EQ(w.num_requests, 16);
+    EXPECT_EQ(w.input_len, o.input_len);
+    for (const auto& r : build_requests(w))
+      EXPECT_EQ(runs.count(r.prompt_tokens), 0u) << "warm-up of seed " << seed;
+  }
+}
+
 TEST(BuildRequestsTest, RangeRatioDrawsLengthsInTheRange) {
   WorkloadOptions o;
   o.num_requests = 200;
