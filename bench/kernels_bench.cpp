@@ -176,6 +176,8 @@ void register_all() {
         ->Arg(8)
         ->Arg(16)
         ->Arg(32)
+        ->Arg(64)
+        ->Arg(96)
         ->Arg(512)
         ->Unit(benchmark::kMicrosecond)
         ->UseRealTime();

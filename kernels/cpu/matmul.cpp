@@ -9,11 +9,12 @@
 // depend on m, on a row's place in the batch, or on the thread count. Splitting k into
 // blocks stores the float32 partial sum in y and reloads it, which is exact too.
 //
-// Decode (m up to 32) is bound by reading the weights: each thread streams its own
-// contiguous range of panels once per call, with software prefetch ahead of the loads,
-// and reuses each loaded weight vector for every row; a thread that finishes early takes
-// tiles from the end of a slower thread's range. Prefill reuses float32 copies of
-// k-blocks across row tiles, and threads take its work items as they finish.
+// Up to 96 rows (decode, and steps that join a short prompt to a batch of decodes) each
+// thread streams its own contiguous range of panels once per call, with software prefetch
+// ahead of the loads, and reuses each loaded weight vector for every row; a thread that
+// finishes early takes tiles from the end of a slower thread's range. At batch 1 this is
+// bound by reading the weights. Longer prompts reuse float32 copies of k-blocks across
+// row tiles, and threads take their work items as they finish.
 
 #include <omp.h>
 
@@ -46,7 +47,9 @@ constexpr int64_t kKBlock = 256;   // k-block of the float32 copies: 4 panels x 
 constexpr int64_t kRowChunk = 96;  // rows per work item when m is large
 // Up to this many rows the weights are streamed once from memory and converted in the
 // register tiles; each k-block of a tile's panels stays in L1 while every row tile uses it.
-constexpr int64_t kStreamRows = 32;
+// That beats the float32 copies (64 KiB blocks, read from L2) up to about 100 rows: the
+// steps that join one 64-token prompt to a batch of decodes.
+constexpr int64_t kStreamRows = 96;
 constexpr int64_t kStreamKBlock = 256;  // 4 bf16 panels x 256 = 32 KiB
 // How far ahead of its loads each weight stream is prefetched.
 constexpr int64_t kPrefetchBytes = 1024;
