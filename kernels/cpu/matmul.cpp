@@ -336,16 +336,7 @@ struct StreamTiles {
   const float* bias;
   int64_t m, n, k;
   int64_t panels;
-  int width;
-  int64_t count;  // tiles
-
-  StreamTiles(bool simd_, const float* x_, const typename W::T* packed_, const float* bias_,
-              int64_t m_, int64_t n_, int64_t k_)
-      : simd(simd_), x(x_), packed(packed_), bias(bias_), m(m_), n(n_), k(k_) {
-    panels = (n + kPanel - 1) / kPanel;
-    width = m == 1 && simd ? kGemvPanels : kTilePanels;
-    count = (panels + width - 1) / width;
-  }
+  int64_t count;  // tiles of about `width` panels: kGemvPanels for one row, else kTilePanels
 
   void run(int64_t i, float* y) const {
     const int P = static_cast<int>(balanced(panels, count, i));
@@ -419,7 +410,8 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
   if (m <= kStreamRows || k == 0) {
     // Each thread starts on a contiguous range of tiles: one region of memory. Every
     // thread then drains all ranges, so they are done even if fewer threads run.
-    const StreamTiles<W> job(simd, x, packed, bias, m, n, k);
+    const int width = m == 1 && simd ? kGemvPanels : kTilePanels;
+    const StreamTiles<W> job{simd, x, packed, bias, m, n, k, panels, (panels + width - 1) / width};
     const int64_t nt = std::min<int64_t>(job.count, omp_get_max_threads());
     TileRange* ranges = tile_ranges(nt);
     for (int64_t t = 0; t < nt; ++t)
@@ -430,7 +422,7 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
       int64_t tile = 0;
       while (ranges[tid].take_front(tile))
         job.run(tile, y);
-      for (int64_t o = 1; o <= nt; ++o) {
+      for (int64_t o = 1; o < nt; ++o) {
         TileRange& other = ranges[(tid + o) % nt];
         while (other.take_back(tile))
           job.run(tile, y);
