@@ -154,6 +154,39 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
       benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One prompt of `len` tokens whose keys and values are in the cache, attended in one
+// call (the attention of a prefill step, one layer).
+void BM_PagedAttentionPrefill(benchmark::State& state) {
+  const int32_t len = static_cast<int32_t>(state.range(0));
+  const int hq = 12, hkv = 4, D = 64;
+  const int32_t blocks = (len + kBlockSize - 1) / kBlockSize;
+  const int64_t cache_bytes = int64_t(blocks + 1) * kBlockSize * hkv * D * 2;
+  Buffer k = alloc_touched(cache_bytes), v = alloc_touched(cache_bytes);
+  const auto kv = random_floats(int64_t(blocks + 1) * kBlockSize * hkv * D, 5);
+  for (int64_t i = 0; i < int64_t(kv.size()); ++i) {
+    const uint16_t h = f32_to_bf16(kv[i]);
+    std::memcpy(k.get() + 2 * i, &h, 2);
+    std::memcpy(v.get() + 2 * ((i * 7 + 3) % int64_t(kv.size())), &h, 2);
+  }
+  std::vector<int32_t> ids(blocks);
+  for (int32_t i = 0; i < blocks; ++i)
+    ids[i] = i + 1;
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(3));
+  const std::vector<int32_t> starts = {0, len}, lens = {len};
+  const PagedAttentionBatch b{1, starts.data(), lens.data(), ids.data(), blocks, 0};
+  const auto q = random_floats(int64_t(len) * hq * D, 4);
+  std::vector<float> out(q.size());
+  const KVCacheLayer layer{k.get(), v.get(), DType::kBF16, blocks + 1, hkv, D};
+  for (auto _ : state) {
+    paged_attention(q.data(), layer, b, hq, 0.125f, out.data());
+    benchmark::ClobberMemory();
+  }
+  // Multiply-adds of the scores and of the weighted values: len (len + 1) / 2 pairs.
+  const double flops = 2.0 * 2.0 * hq * D * len * (len + 1) / 2.0;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all() {
   benchmark::RegisterBenchmark("BM_MemoryCopy", BM_MemoryCopy)
       ->Unit(benchmark::kMillisecond)
@@ -187,6 +220,12 @@ void register_all() {
       ->Args({16, 512})
       ->Args({1, 4096})
       ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_PagedAttentionPrefill", BM_PagedAttentionPrefill)
+      ->ArgName("len")
+      ->Arg(512)
+      ->Arg(2048)
+      ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
 }
 

@@ -1,16 +1,20 @@
-// Paged attention. One query position and one KV head form a work item: the query heads
-// that share the KV head (GQA) are scored against each cached key as it is read, so K and
-// V are read once per item. Softmax is two-pass in float32:
-//   s[i] = dot(q, k_i) * scale      dot in the 16-lane order of simd.h
+// Paged attention. A work item is one KV head and a run of up to 8 consecutive queries
+// of one sequence: the query heads of the run that share the KV head (GQA) are scored
+// against each cached key as it is read, so K is read and converted once per item.
+// Softmax is two-pass in float32:
+//   s[i] = dot(q, k_i) * scale      dot: one fma chain over head_dim, d = 0, 1, ...
 //   p[i] = exp(s[i] - max_i s)      exp of simd.h
 //   out  = (sum_i p[i] * v_i) / sum_i p[i]
 // with sum_i p[i] in the 16-lane order (lane = i - first position mod 16) and each output
 // element one fma chain over positions in increasing order. A query's result therefore
-// depends only on its head, its position and the cache: prefill chunks, decode steps and
-// the thread split all give the same bits, and the decode entry point runs this same code.
+// depends only on its head, its position and the cache: prefill chunks, decode steps, the
+// runs and the thread split all give the same bits, and the decode entry point runs this
+// same code.
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,10 +27,14 @@ namespace {
 using detail::kLanes;
 
 struct Scratch {
-  std::vector<float> scores;     // [G, positions rounded up to 16]
-  std::vector<float> row;        // [head_dim] a K or V row in float32
-  std::vector<float> acc;        // [G, head_dim]
-  std::vector<int64_t> offsets;  // [positions] element offset of each V row
+  std::vector<float> scores;        // [heads, positions rounded up to 16]
+  std::vector<float> row;           // [head_dim] a K or V row in float32
+  std::vector<float> kt;            // [2, Dp, 16] 32 K rows transposed, 64-byte aligned within
+  std::vector<float> acc;           // [G, head_dim]
+  std::vector<int64_t> offsets;     // [positions] element offset of each K/V row
+  std::vector<const float*> heads;  // [heads] each query head's vector
+  std::vector<float*> outs;         // [heads] each query head's output
+  std::vector<float> sums;          // [heads] each head's sum of softmax weights
 };
 
 Scratch& thread_scratch() {
@@ -35,11 +43,12 @@ Scratch& thread_scratch() {
 }
 
 #if defined(PAGELLM_KERNELS_AVX512)
-// out[g, d] = (sum_i p[g, i] * v_i[d]) / sum[g] for NH heads x NC 16-lane chunks held in
-// registers; each element is one fma chain over positions in order.
-template <int NH, int NC>
+// out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] for NH heads x NC 16-lane chunks held in
+// registers; each element is one fma chain over positions in order. (The cache's type is
+// a template argument: a switch inside the loop makes GCC keep the accumulators in memory.)
+template <DType T, int NH, int NC>
 void value_tile(const float* p, int64_t stride, int64_t npos, const int64_t* offsets, const void* v,
-                DType t, int64_t d0, int64_t D, const float* sum, float* out) {
+                int64_t d0, int64_t D, const float* sum, float* const* out) {
   __mmask16 mask[NC];
   for (int c = 0; c < NC; ++c)
     mask[c] = detail::tail_mask(std::max<int64_t>(0, D - d0 - c * kLanes));
@@ -50,7 +59,7 @@ void value_tile(const float* p, int64_t stride, int64_t npos, const int64_t* off
   for (int64_t i = 0; i < npos; ++i) {
     __m512 vv[NC];
     for (int c = 0; c < NC; ++c)
-      vv[c] = detail::load16(v, t, offsets[i] + d0 + c * kLanes, mask[c]);
+      vv[c] = detail::load16(v, T, offsets[i] + d0 + c * kLanes, mask[c]);
     for (int h = 0; h < NH; ++h) {
       const __m512 pb = _mm512_set1_ps(p[h * stride + i]);
       for (int c = 0; c < NC; ++c)
@@ -60,126 +69,226 @@ void value_tile(const float* p, int64_t stride, int64_t npos, const int64_t* off
   for (int h = 0; h < NH; ++h) {
     const __m512 vs = _mm512_set1_ps(sum[h]);
     for (int c = 0; c < NC; ++c)
-      _mm512_mask_storeu_ps(out + h * D + d0 + c * kLanes, mask[c], _mm512_div_ps(acc[h][c], vs));
+      _mm512_mask_storeu_ps(out[h] + d0 + c * kLanes, mask[c], _mm512_div_ps(acc[h][c], vs));
   }
 }
 
-using ValueTileFn = void (*)(const float*, int64_t, int64_t, const int64_t*, const void*, DType,
-                             int64_t, int64_t, const float*, float*);
-template <int NH, int... Cs>
+constexpr int kValueHeads = 6;  // heads per value tile: 24 accumulators over 64 dims
+using ValueTileFn = void (*)(const float*, int64_t, int64_t, const int64_t*, const void*, int64_t,
+                             int64_t, const float*, float* const*);
+template <DType T, int NH, int... Cs>
 constexpr std::array<ValueTileFn, 4> value_tile_row(std::integer_sequence<int, Cs...>) {
-  return {&value_tile<NH, Cs + 1>...};
+  return {&value_tile<T, NH, Cs + 1>...};
 }
-constexpr std::array<std::array<ValueTileFn, 4>, 4> kValueTiles = {
-    value_tile_row<1>(std::make_integer_sequence<int, 4>{}),
-    value_tile_row<2>(std::make_integer_sequence<int, 4>{}),
-    value_tile_row<3>(std::make_integer_sequence<int, 4>{}),
-    value_tile_row<4>(std::make_integer_sequence<int, 4>{})};
+template <DType T, int... Hs>
+constexpr std::array<std::array<ValueTileFn, 4>, kValueHeads> value_table(
+    std::integer_sequence<int, Hs...>) {
+  return {value_tile_row<T, Hs + 1>(std::make_integer_sequence<int, 4>{})...};
+}
+template <DType T>
+constexpr auto kValueTiles = value_table<T>(std::make_integer_sequence<int, kValueHeads>{});
 
-// Tiles of up to 4 heads x 64 dims; V rows are re-read per tile (from cache: the first
-// pass prefetched them).
+// Tiles of up to 6 heads x 64 dims; V rows are re-read per tile (from cache: the first
+// pass prefetched them). Head h's weights are at scores + h * stride, its output at out[h].
 void accumulate_values_avx512(const float* scores, int64_t stride, int64_t npos,
-                              const int64_t* offsets, const KVCacheLayer& c, int G,
-                              const float* sum, float* out) {
+                              const int64_t* offsets, const KVCacheLayer& c, int heads,
+                              const float* sum, float* const* out) {
   const int64_t D = c.head_dim;
   const int64_t chunks = (D + kLanes - 1) / kLanes;
-  for (int g0 = 0; g0 < G; g0 += 4) {
-    const int NH = std::min(4, G - g0);
+  const auto& tiles = c.dtype == DType::kF32   ? kValueTiles<DType::kF32>
+                      : c.dtype == DType::kF16 ? kValueTiles<DType::kF16>
+                                               : kValueTiles<DType::kBF16>;
+  for (int h0 = 0; h0 < heads; h0 += kValueHeads) {
+    const int NH = std::min(kValueHeads, heads - h0);
     for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
       const int NC = static_cast<int>(std::min<int64_t>(4, chunks - c0));
-      kValueTiles[NH - 1][NC - 1](scores + g0 * stride, stride, npos, offsets, c.v, c.dtype,
-                                  c0 * kLanes, D, sum + g0, out + g0 * D);
+      tiles[NH - 1][NC - 1](scores + h0 * stride, stride, npos, offsets, c.v, c0 * kLanes, D,
+                            sum + h0, out + h0);
     }
   }
 }
 #endif
 
 #if defined(PAGELLM_KERNELS_AVX512)
-// Sums each of 16 vectors over its lanes, in the tree of detail::tree_sum16 (lanes
-// (l, l+8), then (l, l+4), (l, l+2), (l, l+1)), all at once: lane j of the result is the
-// sum of a[j].
-__m512 tree_sum16x16(__m512 a[16]) {
-  __m512 l1[8], l2[4], l3[2];
-  for (int j = 0; j < 8; ++j) {  // halves: [a_2j(l) + a_2j(l+8) | a_2j+1(...)]
-    const __m512 x = a[2 * j], y = a[2 * j + 1];
-    l1[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+// Transposes a 16 x 16 block of 32-bit elements in registers: element e of r[j] moves to
+// element j of r[e]. (The full-mask forms of the shuffles: GCC 12's plain forms warn
+// about their own undefined pass-through operand.)
+inline void transpose16(__m512 r[16]) {
+  constexpr __mmask16 all = 0xffff;
+  const auto lo = [](__m512 a, __m512 b) { return _mm512_mask_unpacklo_ps(a, all, a, b); };
+  const auto hi = [](__m512 a, __m512 b) { return _mm512_mask_unpackhi_ps(a, all, a, b); };
+  const auto pair = [](__m512 a, __m512 b, auto imm) {
+    return _mm512_mask_shuffle_ps(a, all, a, b, decltype(imm)::value);
+  };
+  const auto lanes = [](__m512 a, __m512 b, auto imm) {
+    return _mm512_mask_shuffle_f32x4(a, all, a, b, decltype(imm)::value);
+  };
+  using I44 = std::integral_constant<int, 0x44>;
+  using IEE = std::integral_constant<int, 0xEE>;
+  using I88 = std::integral_constant<int, 0x88>;
+  using IDD = std::integral_constant<int, 0xDD>;
+  __m512 t[16];
+  for (int j = 0; j < 16; j += 2) {  // per 128-bit lane: r_j[0] r_j+1[0] r_j[1] r_j+1[1], ...
+    t[j] = lo(r[j], r[j + 1]);
+    t[j + 1] = hi(r[j], r[j + 1]);
   }
-  for (int j = 0; j < 4; ++j) {  // quarter q holds source 4j + q
-    const __m512 u = l1[2 * j], v = l1[2 * j + 1];
-    l2[j] = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD));
+  for (int j = 0; j < 16; j += 4) {  // r[j + e], lane L: rows j .. j + 3, element 4L + e
+    r[j] = pair(t[j], t[j + 2], I44{});
+    r[j + 1] = pair(t[j], t[j + 2], IEE{});
+    r[j + 2] = pair(t[j + 1], t[j + 3], I44{});
+    r[j + 3] = pair(t[j + 1], t[j + 3], IEE{});
   }
-  for (int j = 0; j < 2; ++j) {
-    const __m512 u = l2[2 * j], v = l2[2 * j + 1];
-    l3[j] = _mm512_add_ps(_mm512_shuffle_ps(u, v, 0x44), _mm512_shuffle_ps(u, v, 0xEE));
+  for (int e = 0; e < 4; ++e) {  // lanes 0 and 2, then 1 and 3, of row groups 0, 1 and 2, 3
+    t[e] = lanes(r[e], r[4 + e], I88{});
+    t[4 + e] = lanes(r[e], r[4 + e], IDD{});
+    t[8 + e] = lanes(r[8 + e], r[12 + e], I88{});
+    t[12 + e] = lanes(r[8 + e], r[12 + e], IDD{});
   }
-  const __m512 r =
-      _mm512_add_ps(_mm512_shuffle_ps(l3[0], l3[1], 0x88), _mm512_shuffle_ps(l3[0], l3[1], 0xDD));
-  // Lane 4q + r now holds source 4r + q.
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, r);
+  for (int e = 0; e < 4; ++e) {  // element 4L + e: lane L of the four row groups
+    r[0 + e] = lanes(t[e], t[8 + e], I88{});
+    r[8 + e] = lanes(t[e], t[8 + e], IDD{});
+    r[4 + e] = lanes(t[4 + e], t[12 + e], I88{});
+    r[12 + e] = lanes(t[4 + e], t[12 + e], IDD{});
+  }
 }
 
-// scores[g, i] = dot(q_g, k_i) * scale for 16 positions at a time: the K rows are
-// converted once into `rows` and serve all G heads; each dot is one 16-lane fma chain
-// over head_dim followed by the tree, as detail::lane_dot_scalar.
-void scores_avx512(const float* q, int G, const int64_t* offsets, int64_t npos,
+// kt[d * 16 + j] = k_j[d] in float32 for the n <= 16 keys at element offsets `offsets`
+// (zeros for j >= n), d < head_dim rounded up to 16. A bf16 cache with an even head_dim
+// is transposed as 32-bit pairs before the (exact) conversion: half the shuffles.
+void transpose_keys(const KVCacheLayer& c, const int64_t* offsets, int64_t n, float* kt) {
+  const int64_t D = c.head_dim;
+  __m512 r[16];
+  if (c.dtype == DType::kBF16 && D % 2 == 0) {
+    const int64_t pairs = D / 2;
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    for (int64_t p0 = 0; p0 < pairs; p0 += kLanes) {
+      const __mmask16 m = detail::tail_mask(pairs - p0);
+      for (int64_t j = 0; j < kLanes; ++j)
+        r[j] = j < n ? _mm512_maskz_loadu_ps(
+                           m, static_cast<const uint16_t*>(c.k) + offsets[j] + 2 * p0)
+                     : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t e = 0; e < kLanes && p0 + e < pairs; ++e) {
+        const __m512i w = _mm512_castps_si512(r[e]);
+        _mm512_store_ps(kt + (2 * (p0 + e)) * kLanes,
+                        _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+        _mm512_store_ps(kt + (2 * (p0 + e) + 1) * kLanes,
+                        _mm512_castsi512_ps(_mm512_and_si512(w, high)));
+      }
+    }
+    return;
+  }
+  for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
+    const __mmask16 m = detail::tail_mask(D - d0);
+    for (int64_t j = 0; j < kLanes; ++j)
+      r[j] = j < n ? detail::load16(c.k, c.dtype, offsets[j] + d0, m) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int64_t e = 0; e < kLanes; ++e)
+      _mm512_store_ps(kt + (d0 + e) * kLanes, r[e]);
+  }
+}
+
+// NH heads x NB blocks of 16 keys: lane j of block b holds key 16b + j, and each score is
+// one fma chain over d = 0 .. D-1. kt: the keys transposed, [NB][Dp][16] (block stride kb).
+template <int NH, int NB>
+void score_tile(const float* const* q, const float* kt, int64_t kb, int64_t D, float scale,
+                float* const* dst, const __mmask16* mask) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 acc[NH][NB];
+  for (int h = 0; h < NH; ++h)
+    for (int b = 0; b < NB; ++b)
+      acc[h][b] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    __m512 k[NB];
+    for (int b = 0; b < NB; ++b)
+      k[b] = _mm512_load_ps(kt + b * kb + d * kLanes);
+    for (int h = 0; h < NH; ++h) {
+      const __m512 qb = _mm512_set1_ps(q[h][d]);
+      for (int b = 0; b < NB; ++b)
+        acc[h][b] = _mm512_fmadd_ps(qb, k[b], acc[h][b]);
+    }
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int b = 0; b < NB; ++b)
+      _mm512_mask_storeu_ps(dst[h] + b * kLanes, mask[b], _mm512_mul_ps(acc[h][b], vscale));
+}
+
+constexpr int kScoreHeads = 6;  // heads per score tile: 12 accumulators over 32 keys
+using ScoreTileFn = void (*)(const float* const*, const float*, int64_t, int64_t, float,
+                             float* const*, const __mmask16*);
+template <int... Hs>
+constexpr std::array<std::array<ScoreTileFn, 2>, kScoreHeads> score_table(
+    std::integer_sequence<int, Hs...>) {
+  return {std::array<ScoreTileFn, 2>{&score_tile<Hs + 1, 1>, &score_tile<Hs + 1, 2>}...};
+}
+constexpr auto kScoreTiles = score_table(std::make_integer_sequence<int, kScoreHeads>{});
+
+// Scores of every head against 32 keys at a time: the K rows are transposed and converted
+// once, then serve all heads.
+void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int64_t npos,
                    const KVCacheLayer& c, float scale, float* scores, int64_t stride,
-                   float* rows) {  // [16, chunks * 16]
+                   float* kt) {  // [2, Dp, 16], 64-byte aligned
   const int64_t D = c.head_dim;
   const int64_t chunks = (D + kLanes - 1) / kLanes;
   const int64_t Dp = chunks * kLanes;
   const int64_t row_bytes = D * dtype_size(c.dtype);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int64_t b = 0; b < npos; b += kLanes) {
-    const int64_t n = std::min<int64_t>(kLanes, npos - b);
-    // Next 16 rows: K into L1 for the next round, V into L2 for the value pass.
-    for (int64_t i = b + kLanes; i < std::min(npos, b + 2 * kLanes); ++i) {
+  const float* hq[kScoreHeads];
+  float* dst[kScoreHeads];
+  for (int64_t b = 0; b < npos; b += 2 * kLanes) {
+    const int64_t n = std::min<int64_t>(2 * kLanes, npos - b);
+    const int nb = n > kLanes ? 2 : 1;
+    // Next 32 rows: K into L1 for the next round, V into L2 for the value pass.
+    for (int64_t i = b + 2 * kLanes; i < std::min(npos, b + 4 * kLanes); ++i) {
       const int64_t off = offsets[i] * dtype_size(c.dtype);
       for (int64_t x = 0; x < row_bytes; x += 64) {
         detail::prefetch_l1(static_cast<const char*>(c.k) + off + x);
         detail::prefetch_l2(static_cast<const char*>(c.v) + off + x);
       }
     }
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t ch = 0; ch < chunks; ++ch)
-        _mm512_storeu_ps(rows + j * Dp + ch * kLanes,
-                         detail::load16(c.k, c.dtype, offsets[b + j] + ch * kLanes,
-                                        detail::tail_mask(D - ch * kLanes)));
-    for (int64_t j = n; j < kLanes; ++j)
-      for (int64_t ch = 0; ch < chunks; ++ch)
-        _mm512_storeu_ps(rows + j * Dp + ch * kLanes, _mm512_setzero_ps());
-    for (int g = 0; g < G; ++g) {
-      __m512 acc[16];
-      for (int j = 0; j < 16; ++j)
-        acc[j] = _mm512_setzero_ps();
-      for (int64_t ch = 0; ch < chunks; ++ch) {
-        const __m512 qc =
-            _mm512_maskz_loadu_ps(detail::tail_mask(D - ch * kLanes), q + g * D + ch * kLanes);
-        for (int j = 0; j < 16; ++j)
-          acc[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(rows + j * Dp + ch * kLanes), acc[j]);
+    for (int blk = 0; blk < nb; ++blk)
+      transpose_keys(c, offsets + b + blk * kLanes, std::min<int64_t>(kLanes, n - blk * kLanes),
+                     kt + blk * Dp * kLanes);
+    const __mmask16 mask[2] = {detail::tail_mask(n),
+                               detail::tail_mask(std::max<int64_t>(0, n - kLanes))};
+    for (int h0 = 0; h0 < heads; h0 += kScoreHeads) {
+      const int nh = std::min(kScoreHeads, heads - h0);
+      for (int h = 0; h < nh; ++h) {
+        hq[h] = q[h0 + h];
+        dst[h] = scores + (h0 + h) * stride + b;
       }
-      _mm512_mask_storeu_ps(scores + g * stride + b, detail::tail_mask(n),
-                            _mm512_mul_ps(tree_sum16x16(acc), vscale));
+      kScoreTiles[nh - 1][nb - 1](hq, kt, Dp * kLanes, D, scale, dst, mask);
     }
   }
 }
 #endif
 
-// Attention of G query heads (sharing `kv_head`) at positions [lo, hi] of one sequence.
-void attend(bool simd, const float* q,  // [G, head_dim]
-            int G, const KVCacheLayer& c,
+// First attended position of a query at `pos`.
+int64_t window_start(int64_t pos, int32_t window) {
+  return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+}
+
+// Attention of the G query heads that share `kv_head`, for the queries at positions
+// pos0 .. pos0 + nq - 1 of one sequence: query j's heads are G rows of head_dim at
+// q + j * ld, its output goes to out + j * ld. The scores of all nq * G heads are taken
+// over the union of the queries' ranges, so each key is read and converted once; each
+// query then runs its softmax and weighted sum over its own range only.
+void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheLayer& c,
             const int32_t* block_table,  // [max_blocks_per_seq]
-            int kv_head, int64_t lo, int64_t hi, float scale,
-            float* out) {  // [G, head_dim]
+            int kv_head, int64_t pos0, int32_t window, float scale, float* out) {
   const int64_t D = c.head_dim;
-  const int64_t npos = hi - lo + 1;
+  const int64_t lo = window_start(pos0, window);
+  const int64_t npos = pos0 + nq - lo;
   const int64_t stride = (npos + kLanes - 1) / kLanes * kLanes;
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
+  const int heads = nq * G;
   Scratch& s = thread_scratch();
-  if (static_cast<int64_t>(s.scores.size()) < G * stride) s.scores.resize(G * stride);
-  if (static_cast<int64_t>(s.row.size()) < kLanes * Dp) s.row.resize(kLanes * Dp);
+  if (static_cast<int64_t>(s.scores.size()) < heads * stride) s.scores.resize(heads * stride);
+  if (static_cast<int64_t>(s.row.size()) < D) s.row.resize(D);
+  if (static_cast<int64_t>(s.kt.size()) < 2 * kLanes * Dp + kLanes)
+    s.kt.resize(2 * kLanes * Dp + kLanes);
   if (static_cast<int64_t>(s.acc.size()) < G * D) s.acc.resize(G * D);
   if (static_cast<int64_t>(s.offsets.size()) < npos) s.offsets.resize(npos);
+  if (static_cast<int64_t>(s.heads.size()) < heads) s.heads.resize(heads);
   float* scores = s.scores.data();
   float* row = s.row.data();
   float* acc = s.acc.data();
@@ -190,81 +299,99 @@ void attend(bool simd, const float* q,  // [G, head_dim]
         static_cast<int64_t>(block_table[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
     offsets[i] = (slot * c.num_kv_heads + kv_head) * D;
   }
-
-  // Scores.
+  // Scores: scores[h * stride + i] = (fma chain over d of q_h[d] * k_i[d]) * scale for the
+  // nq * G heads, head h = j * G + g being head g of query j.
+  const float** hq = s.heads.data();
+  for (int h = 0; h < heads; ++h)
+    hq[h] = q + h / G * ld + h % G * D;
 #if defined(PAGELLM_KERNELS_AVX512)
   if (simd) {
-    scores_avx512(q, G, offsets, npos, c, scale, scores, stride, row);
+    float* kt = s.kt.data();
+    kt += (kLanes - reinterpret_cast<uintptr_t>(kt) / sizeof(float) % kLanes) % kLanes;
+    scores_avx512(hq, heads, offsets, npos, c, scale, scores, stride, kt);
   } else
 #endif
   {
     for (int64_t i = 0; i < npos; ++i) {
       for (int64_t d = 0; d < D; ++d)
         row[d] = load_f32(c.k, c.dtype, offsets[i] + d);
-      for (int g = 0; g < G; ++g)
-        scores[g * stride + i] = detail::lane_dot_scalar(q + g * D, row, D) * scale;
+      for (int h = 0; h < heads; ++h) {
+        float dot = 0.f;
+        for (int64_t d = 0; d < D; ++d)
+          dot = std::fma(hq[h][d], row[d], dot);
+        scores[h * stride + i] = dot * scale;
+      }
     }
   }
 
-  // Softmax weights (unnormalized) and their sums. The maximum does not depend on order.
-  float sums[64];
-  std::vector<float> sums_heap;
-  float* sum = sums;
-  if (G > 64) {
-    sums_heap.resize(G);
-    sum = sums_heap.data();
-  }
-  for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * stride;
+  if (static_cast<int64_t>(s.sums.size()) < heads) s.sums.resize(heads);
+  if (static_cast<int64_t>(s.outs.size()) < heads) s.outs.resize(heads);
+  float* sum = s.sums.data();
+  float** outs = s.outs.data();
+  for (int h = 0; h < heads; ++h)
+    outs[h] = out + h / G * ld + h % G * D;
+  for (int j = 0; j < nq; ++j) {
+    // Query j's range [lo_j, pos0 + j] is its part of the union.
+    const int64_t first = window_start(pos0 + j, window) - lo;
+    const int64_t n = pos0 + j - lo + 1 - first;
+    for (int g = 0; g < G; ++g) {
+      float* sg = scores + (j * G + g) * stride + first;
+      // Softmax weights (unnormalized) and their sums. The maximum does not depend on order.
 #if defined(PAGELLM_KERNELS_AVX512)
-    if (simd) {
-      __m512 vmx = _mm512_set1_ps(sg[0]);
-      for (int64_t i = 0; i < npos; i += kLanes)
-        vmx = _mm512_mask_max_ps(vmx, detail::tail_mask(npos - i), vmx, _mm512_loadu_ps(sg + i));
-      vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
-      for (int64_t i = 0; i < npos; i += kLanes) {
-        const __mmask16 m = detail::tail_mask(npos - i);
-        const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + i), vmx));
-        _mm512_mask_storeu_ps(sg + i, m, e);
+      if (simd) {
+        __m512 vmx = _mm512_set1_ps(sg[0]);
+        for (int64_t i = 0; i < n; i += kLanes)
+          vmx = _mm512_mask_max_ps(vmx, detail::tail_mask(n - i), vmx, _mm512_loadu_ps(sg + i));
+        vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+        for (int64_t i = 0; i < n; i += kLanes) {
+          const __mmask16 m = detail::tail_mask(n - i);
+          const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + i), vmx));
+          _mm512_mask_storeu_ps(sg + i, m, e);
+        }
+        sum[j * G + g] = detail::lane_sum_avx512(sg, n);
+        // Weight 0 outside the query's range, for the value pass over the whole union:
+        // each 0 * v adds an exact zero, which leaves the chain's bits as they are
+        // (values are finite, and the chain starts at +0 and never holds -0).
+        std::fill(sg - first, sg, 0.f);
+        std::fill(sg + n, sg - first + npos, 0.f);
+        continue;
       }
-      sum[g] = detail::lane_sum_avx512(sg, npos);
-      continue;
-    }
 #endif
-    float mx = sg[0];
-    for (int64_t i = 1; i < npos; ++i)
-      mx = std::max(mx, sg[i]);
-    for (int64_t i = 0; i < npos; ++i)
-      sg[i] = detail::exp_scalar(sg[i] - mx);
-    sum[g] = detail::lane_sum_scalar(sg, npos);
+      float mx = sg[0];
+      for (int64_t i = 1; i < n; ++i)
+        mx = std::max(mx, sg[i]);
+      for (int64_t i = 0; i < n; ++i)
+        sg[i] = detail::exp_scalar(sg[i] - mx);
+      sum[j * G + g] = detail::lane_sum_scalar(sg, n);
+    }
   }
 
   // Weighted sum of values.
 #if defined(PAGELLM_KERNELS_AVX512)
   if (simd) {
-    accumulate_values_avx512(scores, stride, npos, offsets, c, G, sum, out);
+    accumulate_values_avx512(scores, stride, npos, offsets, c, heads, sum, outs);
     return;
   }
 #endif
-  std::fill(acc, acc + G * D, 0.f);
-  for (int64_t i = 0; i < npos; ++i) {
-    for (int64_t d = 0; d < D; ++d)
-      row[d] = load_f32(c.v, c.dtype, offsets[i] + d);
-    for (int g = 0; g < G; ++g) {
-      const float p = scores[g * stride + i];
-      float* ag = acc + g * D;
+  for (int j = 0; j < nq; ++j) {
+    const int64_t first = window_start(pos0 + j, window) - lo;
+    const int64_t n = pos0 + j - lo + 1 - first;
+    const float* sj = scores + j * G * stride + first;
+    std::fill(acc, acc + G * D, 0.f);
+    for (int64_t i = 0; i < n; ++i) {
       for (int64_t d = 0; d < D; ++d)
-        ag[d] = std::fma(p, row[d], ag[d]);
+        row[d] = load_f32(c.v, c.dtype, offsets[first + i] + d);
+      for (int g = 0; g < G; ++g) {
+        const float p = sj[g * stride + i];
+        float* ag = acc + g * D;
+        for (int64_t d = 0; d < D; ++d)
+          ag[d] = std::fma(p, row[d], ag[d]);
+      }
     }
+    for (int g = 0; g < G; ++g)
+      for (int64_t d = 0; d < D; ++d)
+        outs[j * G + g][d] = acc[g * D + d] / sum[j * G + g];
   }
-  for (int g = 0; g < G; ++g)
-    for (int64_t d = 0; d < D; ++d)
-      out[g * D + d] = acc[g * D + d] / sum[g];
-}
-
-// First attended position of a query at `pos`.
-int64_t window_start(int64_t pos, int32_t window) {
-  return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
 }
 
 }  // namespace
@@ -274,31 +401,36 @@ void paged_attention(const float* q, const KVCacheLayer& cache, const PagedAtten
   const int kvh = cache.num_kv_heads;
   const int G = num_q_heads / kvh;
   const int64_t D = cache.head_dim;
-  const int64_t num_tokens = batch.query_start[batch.num_seqs];
-  std::vector<int32_t> seq_of(num_tokens);
+  const int64_t ld = static_cast<int64_t>(num_q_heads) * D;
+  // Runs of up to kQueryRun consecutive queries of one sequence: they share each key they
+  // read (see attend).
+  constexpr int32_t kQueryRun = 8;
+  struct Run {
+    int32_t seq, t0, n;
+  };
+  std::vector<Run> runs;
   for (int32_t s = 0; s < batch.num_seqs; ++s)
-    for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t)
-      seq_of[t] = s;
+    for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; t += kQueryRun)
+      runs.push_back({s, t, std::min(kQueryRun, batch.query_start[s + 1] - t)});
   const bool simd = detail::use_simd();
-  const int64_t items = num_tokens * kvh;
+  const int64_t items = static_cast<int64_t>(runs.size()) * kvh;
 
   // Later positions of a prompt attend to more keys, and the cores of a shared machine
-  // do not run at one speed: threads take small runs of items as they finish.
-#pragma omp parallel for schedule(dynamic, 4)
+  // do not run at one speed: threads take items as they finish.
+#pragma omp parallel for schedule(dynamic)
   for (int64_t item = 0; item < items; ++item) {
-    const int64_t t = item / kvh;
+    const Run& r = runs[item / kvh];
     const int h = static_cast<int>(item % kvh);
-    const int32_t s = seq_of[t];
-    const int64_t q_len = batch.query_start[s + 1] - batch.query_start[s];
-    const int64_t pos = batch.context_lens[s] - q_len + (t - batch.query_start[s]);
-    const int64_t offset = (t * num_q_heads + static_cast<int64_t>(h) * G) * D;
-    if (pos < 0) {
-      std::fill(out + offset, out + offset + G * D, 0.f);
-      continue;
-    }
-    attend(simd, q + offset, G, cache,
-           batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq, h,
-           window_start(pos, batch.sliding_window), pos, scale, out + offset);
+    const int64_t q_len = batch.query_start[r.seq + 1] - batch.query_start[r.seq];
+    int64_t pos = batch.context_lens[r.seq] - q_len + (r.t0 - batch.query_start[r.seq]);
+    int64_t t = r.t0;
+    const int64_t offset = static_cast<int64_t>(h) * G * D;
+    for (; t < r.t0 + r.n && pos < 0; ++t, ++pos)  // (a query before the first position)
+      std::fill(out + t * ld + offset, out + t * ld + offset + G * D, 0.f);
+    if (t == r.t0 + r.n) continue;
+    attend(simd, q + t * ld + offset, ld, static_cast<int>(r.t0 + r.n - t), G, cache,
+           batch.block_tables + static_cast<int64_t>(r.seq) * batch.max_blocks_per_seq, h, pos,
+           batch.sliding_window, scale, out + t * ld + offset);
   }
 }
 
@@ -321,8 +453,8 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
       std::fill(out + offset, out + offset + G * D, 0.f);
       continue;
     }
-    attend(simd, q + offset, G, cache, batch.block_tables + s * batch.max_blocks_per_seq, h,
-           window_start(pos, batch.sliding_window), pos, scale, out + offset);
+    attend(simd, q + offset, 0, 1, G, cache, batch.block_tables + s * batch.max_blocks_per_seq, h,
+           pos, batch.sliding_window, scale, out + offset);
   }
 }
 

@@ -137,7 +137,8 @@ struct Fixture {
 struct Shape {
   int hq, hkv, D;
 };
-const Shape kShapes[] = {{4, 4, 64}, {8, 2, 64}, {16, 2, 128}, {8, 1, 128}, {12, 4, 64}};
+const Shape kShapes[] = {{4, 4, 64},  {8, 2, 64}, {16, 2, 128}, {8, 1, 128},
+                         {12, 4, 64}, {6, 2, 80}, {4, 4, 72}};
 const std::vector<int32_t> kContexts = {1, 15, 16, 17, 31, 33, 100, 1000};
 
 std::vector<int32_t> iota_starts(int32_t n) {
@@ -185,7 +186,7 @@ TEST(CpuAttention, DecodeMatchesReferenceAndGeneralKernel) {
 // Whole prompts as one prefill batch: every query against the reference, and each
 // prompt's last query equal to a decode step at that position.
 TEST(CpuAttention, PrefillMatchesReferenceAndDecodeStep) {
-  for (const Shape& sh : {kShapes[1], kShapes[3]}) {
+  for (const Shape& sh : {kShapes[1], kShapes[3], kShapes[5], kShapes[6]}) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       const std::vector<int32_t> ctx = {1, 15, 16, 17, 33, 100};
       const Fixture f(sh.hq, sh.hkv, sh.D, t, ctx, 77);
@@ -213,6 +214,11 @@ TEST(CpuAttention, PrefillMatchesReferenceAndDecodeStep) {
       paged_attention_decode(last_q.data(), f.cache, f.batch(dstarts, seqs, ctx, storage), sh.hq,
                              f.scale(), dec.data());
       EXPECT_BITWISE_EQ(dec.data(), last_out.data(), n * width, "decode vs prefill");
+      ScopedPortable portable(true);
+      auto portable_out = poisoned(tokens * width);
+      paged_attention(q.data(), f.cache, f.batch(starts, seqs, ctx, storage), sh.hq, f.scale(),
+                      portable_out.data());
+      EXPECT_BITWISE_EQ(portable_out.data(), out.data(), tokens * width, "portable prefill");
     }
   }
 }
@@ -306,6 +312,20 @@ TEST(CpuAttention, SlidingWindowSkipsOldPositions) {
                       pout.data());
       for (int32_t j = 0; j < len; ++j)
         f.expect_close(pq.data() + j * width, pout.data() + j * width, s, ctx[s] - len + j);
+      // Each of those queries alone, as a decode step at its position, and the portable
+      // path: the same bits (queries of one prefill start their windows at different keys).
+      std::vector<int32_t> dseq(len, s), dctx(len);
+      for (int32_t j = 0; j < len; ++j)
+        dctx[j] = ctx[s] - len + j + 1;
+      auto dout = poisoned(len * width);
+      paged_attention_decode(pq.data(), f.cache, f.batch(iota_starts(len), dseq, dctx, storage), 8,
+                             f.scale(), dout.data());
+      EXPECT_BITWISE_EQ(dout.data(), pout.data(), len * width, "decode steps vs windowed prefill");
+      ScopedPortable portable(true);
+      auto portable_out = poisoned(len * width);
+      paged_attention(pq.data(), f.cache, f.batch(ps, pseq, pctx, storage), 8, f.scale(),
+                      portable_out.data());
+      EXPECT_BITWISE_EQ(portable_out.data(), pout.data(), len * width, "portable windowed prefill");
     }
   }
 }
