@@ -35,6 +35,7 @@ struct Scratch {
   std::vector<const float*> heads;  // [heads] each query head's vector
   std::vector<float*> outs;         // [heads] each query head's output
   std::vector<float> sums;          // [heads] each head's sum of softmax weights
+  std::vector<int64_t> ranges;      // [2, heads] each head's first and end position
 };
 
 Scratch& thread_scratch() {
@@ -43,12 +44,17 @@ Scratch& thread_scratch() {
 }
 
 #if defined(PAGELLM_KERNELS_AVX512)
-// out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] for NH heads x NC 16-lane chunks held in
-// registers; each element is one fma chain over positions in order. (The cache's type is
-// a template argument: a switch inside the loop makes GCC keep the accumulators in memory.)
+// out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] over head h's positions [begin[h], end[h])
+// for NH heads x NC 16-lane chunks held in registers; each element is one fma chain over
+// its positions in order. The heads' ranges may differ: positions run from the first
+// begin to the last end in segments where each head takes all positions or none, and a
+// head that takes none leaves its accumulators untouched (a masked fma), whatever p and
+// v hold there. (The cache's type is a template argument: a switch inside the loop makes
+// GCC keep the accumulators in memory.)
 template <DType T, int NH, int NC>
-void value_tile(const float* p, int64_t stride, int64_t npos, const int64_t* offsets, const void* v,
-                int64_t d0, int64_t D, const float* sum, float* const* out) {
+void value_tile(const float* p, int64_t stride, const int64_t* begin, const int64_t* end,
+                const int64_t* offsets, const void* v, int64_t d0, int64_t D, const float* sum,
+                float* const* out) {
   __mmask16 mask[NC];
   for (int c = 0; c < NC; ++c)
     mask[c] = detail::tail_mask(std::max<int64_t>(0, D - d0 - c * kLanes));
@@ -56,14 +62,25 @@ void value_tile(const float* p, int64_t stride, int64_t npos, const int64_t* off
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < NC; ++c)
       acc[h][c] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < npos; ++i) {
-    __m512 vv[NC];
-    for (int c = 0; c < NC; ++c)
-      vv[c] = detail::load16(v, T, offsets[i] + d0 + c * kLanes, mask[c]);
+  int64_t i = *std::min_element(begin, begin + NH);
+  const int64_t last = *std::max_element(end, end + NH);
+  while (i < last) {
+    int64_t next = last;
+    __mmask16 on[NH];
     for (int h = 0; h < NH; ++h) {
-      const __m512 pb = _mm512_set1_ps(p[h * stride + i]);
+      on[h] = begin[h] <= i && i < end[h] ? 0xffff : 0;
+      if (begin[h] > i) next = std::min(next, begin[h]);
+      if (end[h] > i) next = std::min(next, end[h]);
+    }
+    for (; i < next; ++i) {
+      __m512 vv[NC];
       for (int c = 0; c < NC; ++c)
-        acc[h][c] = _mm512_fmadd_ps(pb, vv[c], acc[h][c]);
+        vv[c] = detail::load16(v, T, offsets[i] + d0 + c * kLanes, mask[c]);
+      for (int h = 0; h < NH; ++h) {
+        const __m512 pb = _mm512_set1_ps(p[h * stride + i]);
+        for (int c = 0; c < NC; ++c)
+          acc[h][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[h][c], on[h]);
+      }
     }
   }
   for (int h = 0; h < NH; ++h) {
@@ -74,8 +91,8 @@ void value_tile(const float* p, int64_t stride, int64_t npos, const int64_t* off
 }
 
 constexpr int kValueHeads = 6;  // heads per value tile: 24 accumulators over 64 dims
-using ValueTileFn = void (*)(const float*, int64_t, int64_t, const int64_t*, const void*, int64_t,
-                             int64_t, const float*, float* const*);
+using ValueTileFn = void (*)(const float*, int64_t, const int64_t*, const int64_t*, const int64_t*,
+                             const void*, int64_t, int64_t, const float*, float* const*);
 template <DType T, int NH, int... Cs>
 constexpr std::array<ValueTileFn, 4> value_tile_row(std::integer_sequence<int, Cs...>) {
   return {&value_tile<T, NH, Cs + 1>...};
@@ -89,10 +106,11 @@ template <DType T>
 constexpr auto kValueTiles = value_table<T>(std::make_integer_sequence<int, kValueHeads>{});
 
 // Tiles of up to 6 heads x 64 dims; V rows are re-read per tile (from cache: the first
-// pass prefetched them). Head h's weights are at scores + h * stride, its output at out[h].
-void accumulate_values_avx512(const float* scores, int64_t stride, int64_t npos,
-                              const int64_t* offsets, const KVCacheLayer& c, int heads,
-                              const float* sum, float* const* out) {
+// pass prefetched them). Head h's weights are at scores + h * stride, its positions are
+// [begin[h], end[h]), its output goes to out[h].
+void accumulate_values_avx512(const float* scores, int64_t stride, const int64_t* begin,
+                              const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
+                              int heads, const float* sum, float* const* out) {
   const int64_t D = c.head_dim;
   const int64_t chunks = (D + kLanes - 1) / kLanes;
   const auto& tiles = c.dtype == DType::kF32   ? kValueTiles<DType::kF32>
@@ -102,8 +120,8 @@ void accumulate_values_avx512(const float* scores, int64_t stride, int64_t npos,
     const int NH = std::min(kValueHeads, heads - h0);
     for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
       const int NC = static_cast<int>(std::min<int64_t>(4, chunks - c0));
-      tiles[NH - 1][NC - 1](scores + h0 * stride, stride, npos, offsets, c.v, c0 * kLanes, D,
-                            sum + h0, out + h0);
+      tiles[NH - 1][NC - 1](scores + h0 * stride, stride, begin + h0, end + h0, offsets, c.v,
+                            c0 * kLanes, D, sum + h0, out + h0);
     }
   }
 }
@@ -326,6 +344,7 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
 
   if (static_cast<int64_t>(s.sums.size()) < heads) s.sums.resize(heads);
   if (static_cast<int64_t>(s.outs.size()) < heads) s.outs.resize(heads);
+  if (static_cast<int64_t>(s.ranges.size()) < 2 * heads) s.ranges.resize(2 * heads);
   float* sum = s.sums.data();
   float** outs = s.outs.data();
   for (int h = 0; h < heads; ++h)
@@ -341,7 +360,8 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
       if (simd) {
         __m512 vmx = _mm512_set1_ps(sg[0]);
         for (int64_t i = 0; i < n; i += kLanes)
-          vmx = _mm512_mask_max_ps(vmx, detail::tail_mask(n - i), vmx, _mm512_loadu_ps(sg + i));
+          vmx = _mm512_mask_max_ps(vmx, detail::tail_mask(n - i), vmx,
+                                   _mm512_maskz_loadu_ps(detail::tail_mask(n - i), sg + i));
         vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
         for (int64_t i = 0; i < n; i += kLanes) {
           const __mmask16 m = detail::tail_mask(n - i);
@@ -349,11 +369,6 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
           _mm512_mask_storeu_ps(sg + i, m, e);
         }
         sum[j * G + g] = detail::lane_sum_avx512(sg, n);
-        // Weight 0 outside the query's range, for the value pass over the whole union:
-        // each 0 * v adds an exact zero, which leaves the chain's bits as they are
-        // (values are finite, and the chain starts at +0 and never holds -0).
-        std::fill(sg - first, sg, 0.f);
-        std::fill(sg + n, sg - first + npos, 0.f);
         continue;
       }
 #endif
@@ -369,7 +384,13 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   // Weighted sum of values.
 #if defined(PAGELLM_KERNELS_AVX512)
   if (simd) {
-    accumulate_values_avx512(scores, stride, npos, offsets, c, heads, sum, outs);
+    int64_t* begin = s.ranges.data();
+    int64_t* end = begin + heads;
+    for (int h = 0; h < heads; ++h) {
+      begin[h] = window_start(pos0 + h / G, window) - lo;
+      end[h] = pos0 + h / G - lo + 1;
+    }
+    accumulate_values_avx512(scores, stride, begin, end, offsets, c, heads, sum, outs);
     return;
   }
 #endif
@@ -402,16 +423,21 @@ void paged_attention(const float* q, const KVCacheLayer& cache, const PagedAtten
   const int G = num_q_heads / kvh;
   const int64_t D = cache.head_dim;
   const int64_t ld = static_cast<int64_t>(num_q_heads) * D;
-  // Runs of up to kQueryRun consecutive queries of one sequence: they share each key they
-  // read (see attend).
-  constexpr int32_t kQueryRun = 8;
+  // Runs of up to 8 consecutive queries of one sequence: they share each key they read
+  // (see attend). Their scores take run * G * context floats of a thread's scratch, kept
+  // to about 4 MiB by shorter runs for long contexts.
+  constexpr int64_t kQueryRun = 8, kScoreFloats = int64_t(1) << 20;
   struct Run {
     int32_t seq, t0, n;
   };
   std::vector<Run> runs;
-  for (int32_t s = 0; s < batch.num_seqs; ++s)
-    for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; t += kQueryRun)
-      runs.push_back({s, t, std::min(kQueryRun, batch.query_start[s + 1] - t)});
+  for (int32_t s = 0; s < batch.num_seqs; ++s) {
+    const int64_t span = int64_t(G) * std::max(1, batch.context_lens[s]);
+    const int32_t run =
+        static_cast<int32_t>(std::clamp<int64_t>(kScoreFloats / span, 1, kQueryRun));
+    for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; t += run)
+      runs.push_back({s, t, std::min(run, batch.query_start[s + 1] - t)});
+  }
   const bool simd = detail::use_simd();
   const int64_t items = static_cast<int64_t>(runs.size()) * kvh;
 

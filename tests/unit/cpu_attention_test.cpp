@@ -137,8 +137,8 @@ struct Fixture {
 struct Shape {
   int hq, hkv, D;
 };
-const Shape kShapes[] = {{4, 4, 64},  {8, 2, 64}, {16, 2, 128}, {8, 1, 128},
-                         {12, 4, 64}, {6, 2, 80}, {4, 4, 72}};
+const Shape kShapes[] = {{4, 4, 64}, {8, 2, 64}, {16, 2, 128}, {8, 1, 128}, {12, 4, 64},
+                         {6, 2, 80}, {4, 4, 72}, {4, 2, 8},    {3, 1, 33}};
 const std::vector<int32_t> kContexts = {1, 15, 16, 17, 31, 33, 100, 1000};
 
 std::vector<int32_t> iota_starts(int32_t n) {
@@ -186,7 +186,7 @@ TEST(CpuAttention, DecodeMatchesReferenceAndGeneralKernel) {
 // Whole prompts as one prefill batch: every query against the reference, and each
 // prompt's last query equal to a decode step at that position.
 TEST(CpuAttention, PrefillMatchesReferenceAndDecodeStep) {
-  for (const Shape& sh : {kShapes[1], kShapes[3], kShapes[5], kShapes[6]}) {
+  for (const Shape& sh : {kShapes[1], kShapes[3], kShapes[5], kShapes[6], kShapes[7], kShapes[8]}) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       const std::vector<int32_t> ctx = {1, 15, 16, 17, 33, 100};
       const Fixture f(sh.hq, sh.hkv, sh.D, t, ctx, 77);
@@ -327,6 +327,38 @@ TEST(CpuAttention, SlidingWindowSkipsOldPositions) {
                       portable_out.data());
       EXPECT_BITWISE_EQ(portable_out.data(), pout.data(), len * width, "portable windowed prefill");
     }
+  }
+}
+
+// An infinite value at one position reaches only the queries that attend to it: the
+// queries before it, computed in the same prefill runs, equal decode steps bit for bit.
+TEST(CpuAttention, NonFiniteValueStaysOutOfEarlierQueries) {
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    const int32_t len = 40, bad = 21;
+    Fixture f(6, 2, 64, t, {len}, 12);
+    const int64_t slot = int64_t(f.tables[bad / kBlockSize]) * kBlockSize + bad % kBlockSize;
+    for (int h = 0; h < f.hkv; ++h) {
+      const int64_t i = (slot * f.hkv + h) * f.D + 5;
+      if (t == DType::kF32) {
+        reinterpret_cast<float*>(f.vc.data())[i] = INFINITY;
+      } else {
+        reinterpret_cast<uint16_t*>(f.vc.data())[i] = 0x7f80;  // bf16 +inf
+      }
+    }
+    const int64_t width = 6 * 64;
+    const auto q = random_floats(len * width, 13);
+    std::vector<int32_t> storage, seq0 = {0}, ctx = {len}, starts = {0, len};
+    auto pre = poisoned(len * width);
+    paged_attention(q.data(), f.cache, f.batch(starts, seq0, ctx, storage), 6, f.scale(),
+                    pre.data());
+    std::vector<int32_t> dseq(bad, 0), dctx(bad);
+    std::iota(dctx.begin(), dctx.end(), 1);
+    auto dec = poisoned(bad * width);
+    paged_attention_decode(q.data(), f.cache, f.batch(iota_starts(bad), dseq, dctx, storage), 6,
+                           f.scale(), dec.data());
+    EXPECT_BITWISE_EQ(dec.data(), pre.data(), bad * width, "queries before the infinite value");
+    for (int64_t i = 0; i < bad * width; ++i)
+      ASSERT_TRUE(std::isfinite(pre[i])) << i;
   }
 }
 
