@@ -2,6 +2,8 @@
 
 #include <utf8proc.h>
 
+#include "engine/utf8.h"
+
 namespace pagellm::engine::jinja {
 
 std::u32string utf8_decode(std::string_view text) {
@@ -46,29 +48,8 @@ size_t utf8_length(std::string_view text) {
 }
 
 bool is_python_space(char32_t c) {
-  switch (c) {
-    case '\t':
-    case '\n':
-    case 0x0B:
-    case 0x0C:
-    case '\r':
-    case 0x1C:
-    case 0x1D:
-    case 0x1E:
-    case 0x1F:
-    case ' ':
-    case 0x85:
-    case 0xA0:
-    case 0x1680:
-    case 0x2028:
-    case 0x2029:
-    case 0x202F:
-    case 0x205F:
-    case 0x3000:
-      return true;
-    default:
-      return c >= 0x2000 && c <= 0x200A;
-  }
+  // str.isspace() is Unicode White_Space plus the four information separators.
+  return utf8::is_whitespace(c) || (c >= 0x1C && c <= 0x1F);
 }
 
 bool is_python_printable(char32_t c) {

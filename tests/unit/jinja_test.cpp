@@ -309,6 +309,15 @@ TEST(JinjaStringMethods, StringStripMethods) {
       "[a b][a][hi\n][hi][hi]");
 }
 
+// Python's str.isspace(): Unicode White_Space and the separators U+001C to U+001F, but
+// not U+200B (a zero width space) nor the empty string.
+TEST(JinjaStringMethods, IsSpaceFollowsPython) {
+  EXPECT_EQ(render("{{ '\x1c\x1d\x1e\x1f'.isspace() }} {{ '\t\v\u3000\u0085'.isspace() }} "
+                   "{{ '\u200b'.isspace() }} {{ ''.isspace() }} {{ ' a'.isspace() }}",
+                   "{}"),
+            "True True False False False");
+}
+
 TEST(JinjaStringMethods, StringSplitMethods) {
   EXPECT_EQ(render("{{ 'a b  c'.split() }} {{ 'a,b,,c'.split(',') }} {{ 'a,b,c'.split(',', 1) }} "
                    "{{ '  x  y '.split(None, 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ "
