@@ -300,16 +300,22 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   const int heads = nq * G;
   Scratch& s = thread_scratch();
-  if (static_cast<int64_t>(s.scores.size()) < heads * stride) s.scores.resize(heads * stride);
-  if (static_cast<int64_t>(s.row.size()) < D) s.row.resize(D);
-  if (static_cast<int64_t>(s.kt.size()) < 2 * kLanes * Dp + kLanes)
-    s.kt.resize(2 * kLanes * Dp + kLanes);
-  if (static_cast<int64_t>(s.acc.size()) < G * D) s.acc.resize(G * D);
-  if (static_cast<int64_t>(s.offsets.size()) < npos) s.offsets.resize(npos);
-  if (static_cast<int64_t>(s.heads.size()) < heads) s.heads.resize(heads);
+  const auto ensure = [](auto& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  };
+  ensure(s.scores, heads * stride);
+  ensure(s.row, D);
+  ensure(s.kt, 2 * kLanes * Dp + kLanes);
+  ensure(s.acc, G * D);
+  ensure(s.offsets, npos);
+  ensure(s.heads, heads);
+  ensure(s.outs, heads);
+  ensure(s.sums, heads);
+  ensure(s.ranges, 2 * heads);
   float* scores = s.scores.data();
   float* row = s.row.data();
   float* acc = s.acc.data();
+  float* sum = s.sums.data();
   int64_t* offsets = s.offsets.data();  // element offset of each position's K/V row
   for (int64_t i = 0; i < npos; ++i) {
     const int64_t pos = lo + i;
@@ -317,11 +323,21 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
         static_cast<int64_t>(block_table[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
     offsets[i] = (slot * c.num_kv_heads + kv_head) * D;
   }
-  // Scores: scores[h * stride + i] = (fma chain over d of q_h[d] * k_i[d]) * scale for the
-  // nq * G heads, head h = j * G + g being head g of query j.
+  // Head h = j * G + g is head g of query j: its vector, its output, and its query's
+  // range [lo_j, pos0 + j] as positions [begin[h], end[h]) of the union.
   const float** hq = s.heads.data();
-  for (int h = 0; h < heads; ++h)
-    hq[h] = q + h / G * ld + h % G * D;
+  float** outs = s.outs.data();
+  int64_t* begin = s.ranges.data();
+  int64_t* end = begin + heads;
+  for (int h = 0; h < heads; ++h) {
+    const int64_t j = h / G, at = j * ld + h % G * D;
+    hq[h] = q + at;
+    outs[h] = out + at;
+    begin[h] = window_start(pos0 + j, window) - lo;
+    end[h] = pos0 + j - lo + 1;
+  }
+
+  // Scores: scores[h * stride + i] = (fma chain over d of q_h[d] * k_i[d]) * scale.
 #if defined(PAGELLM_KERNELS_AVX512)
   if (simd) {
     float* kt = s.kt.data();
@@ -342,68 +358,50 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
     }
   }
 
-  if (static_cast<int64_t>(s.sums.size()) < heads) s.sums.resize(heads);
-  if (static_cast<int64_t>(s.outs.size()) < heads) s.outs.resize(heads);
-  if (static_cast<int64_t>(s.ranges.size()) < 2 * heads) s.ranges.resize(2 * heads);
-  float* sum = s.sums.data();
-  float** outs = s.outs.data();
-  for (int h = 0; h < heads; ++h)
-    outs[h] = out + h / G * ld + h % G * D;
-  for (int j = 0; j < nq; ++j) {
-    // Query j's range [lo_j, pos0 + j] is its part of the union.
-    const int64_t first = window_start(pos0 + j, window) - lo;
-    const int64_t n = pos0 + j - lo + 1 - first;
-    for (int g = 0; g < G; ++g) {
-      float* sg = scores + (j * G + g) * stride + first;
-      // Softmax weights (unnormalized) and their sums. The maximum does not depend on order.
+  // Softmax weights (unnormalized) over each head's range, and their sums. The maximum
+  // does not depend on order.
+  for (int h = 0; h < heads; ++h) {
+    float* sg = scores + h * stride + begin[h];
+    const int64_t n = end[h] - begin[h];
 #if defined(PAGELLM_KERNELS_AVX512)
-      if (simd) {
-        __m512 vmx = _mm512_set1_ps(sg[0]);
-        for (int64_t i = 0; i < n; i += kLanes)
-          vmx = _mm512_mask_max_ps(vmx, detail::tail_mask(n - i), vmx,
-                                   _mm512_maskz_loadu_ps(detail::tail_mask(n - i), sg + i));
-        vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
-        for (int64_t i = 0; i < n; i += kLanes) {
-          const __mmask16 m = detail::tail_mask(n - i);
-          const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + i), vmx));
-          _mm512_mask_storeu_ps(sg + i, m, e);
-        }
-        sum[j * G + g] = detail::lane_sum_avx512(sg, n);
-        continue;
+    if (simd) {
+      __m512 vmx = _mm512_set1_ps(sg[0]);
+      for (int64_t i = 0; i < n; i += kLanes) {
+        const __mmask16 m = detail::tail_mask(n - i);
+        vmx = _mm512_mask_max_ps(vmx, m, vmx, _mm512_maskz_loadu_ps(m, sg + i));
       }
-#endif
-      float mx = sg[0];
-      for (int64_t i = 1; i < n; ++i)
-        mx = std::max(mx, sg[i]);
-      for (int64_t i = 0; i < n; ++i)
-        sg[i] = detail::exp_scalar(sg[i] - mx);
-      sum[j * G + g] = detail::lane_sum_scalar(sg, n);
+      vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+      for (int64_t i = 0; i < n; i += kLanes) {
+        const __mmask16 m = detail::tail_mask(n - i);
+        const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + i), vmx));
+        _mm512_mask_storeu_ps(sg + i, m, e);
+      }
+      sum[h] = detail::lane_sum_avx512(sg, n);
+      continue;
     }
+#endif
+    float mx = sg[0];
+    for (int64_t i = 1; i < n; ++i)
+      mx = std::max(mx, sg[i]);
+    for (int64_t i = 0; i < n; ++i)
+      sg[i] = detail::exp_scalar(sg[i] - mx);
+    sum[h] = detail::lane_sum_scalar(sg, n);
   }
 
   // Weighted sum of values.
 #if defined(PAGELLM_KERNELS_AVX512)
   if (simd) {
-    int64_t* begin = s.ranges.data();
-    int64_t* end = begin + heads;
-    for (int h = 0; h < heads; ++h) {
-      begin[h] = window_start(pos0 + h / G, window) - lo;
-      end[h] = pos0 + h / G - lo + 1;
-    }
     accumulate_values_avx512(scores, stride, begin, end, offsets, c, heads, sum, outs);
     return;
   }
 #endif
-  for (int j = 0; j < nq; ++j) {
-    const int64_t first = window_start(pos0 + j, window) - lo;
-    const int64_t n = pos0 + j - lo + 1 - first;
-    const float* sj = scores + j * G * stride + first;
+  for (int h0 = 0; h0 < heads; h0 += G) {  // the G heads of one query share its range
     std::fill(acc, acc + G * D, 0.f);
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = begin[h0]; i < end[h0]; ++i) {
       for (int64_t d = 0; d < D; ++d)
-        row[d] = load_f32(c.v, c.dtype, offsets[first + i] + d);
+        row[d] = load_f32(c.v, c.dtype, offsets[i] + d);
       for (int g = 0; g < G; ++g) {
-        const float p = sj[g * stride + i];
+        const float p = scores[(h0 + g) * stride + i];
         float* ag = acc + g * D;
         for (int64_t d = 0; d < D; ++d)
           ag[d] = std::fma(p, row[d], ag[d]);
@@ -411,7 +409,7 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
     }
     for (int g = 0; g < G; ++g)
       for (int64_t d = 0; d < D; ++d)
-        outs[j * G + g][d] = acc[g * D + d] / sum[j * G + g];
+        outs[h0 + g][d] = acc[g * D + d] / sum[h0 + g];
   }
 }
 
