@@ -1,5 +1,6 @@
 #include "engine/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -158,15 +159,11 @@ kernels::DType read_dtype(const FieldReader& fields) {
   fields.fail(key, "is '" + *name + "'; supported: bfloat16, float16, float32");
 }
 
-std::optional<Llama3RopeScaling> read_rope_scaling(const FieldReader& fields,
-                                                   const std::string& origin) {
-  const json* scaling = fields.find("rope_scaling");
-  if (!scaling) return std::nullopt;
-  if (!scaling->is_object()) {
-    fields.fail("rope_scaling",
-                "must be an object or null, not " + FieldReader::describe(*scaling));
-  }
-  const FieldReader sub(*scaling, origin, "rope_scaling.");
+// The llama3 scaling that `sub` (rope_scaling, or rope_parameters) describes; nullopt for
+// the default RoPE. rope_parameters may leave rope_type out for the default.
+std::optional<Llama3RopeScaling> read_llama3_scaling(const FieldReader& sub,
+                                                     const FieldReader& fields, const char* key,
+                                                     bool type_required) {
   // Newer configs say rope_type, older ones type.
   std::optional<std::string> type = sub.optional_string("rope_type");
   const char* type_key = "rope_type";
@@ -174,7 +171,10 @@ std::optional<Llama3RopeScaling> read_rope_scaling(const FieldReader& fields,
     type = sub.optional_string("type");
     type_key = "type";
   }
-  if (!type) fields.fail("rope_scaling", "has neither 'rope_type' nor 'type'");
+  if (!type) {
+    if (type_required) fields.fail(key, "has neither 'rope_type' nor 'type'");
+    return std::nullopt;
+  }
   if (*type == "default") return std::nullopt;
   if (*type != "llama3") {
     sub.fail(type_key, "is '" + *type + "'; only 'llama3' RoPE scaling is supported");
@@ -194,16 +194,60 @@ std::optional<Llama3RopeScaling> read_rope_scaling(const FieldReader& fields,
   return out;
 }
 
-std::vector<int64_t> read_eos(const FieldReader& fields) {
+// rope_theta and rope_scaling at the top level (transformers 4), or both inside one
+// rope_parameters object (transformers 5), which wins when a config has both.
+void read_rope(const FieldReader& fields, const std::string& origin, ModelConfig& out) {
+  out.rope_theta = fields.number_or("rope_theta", 10000.0);
+  if (const json* scaling = fields.find("rope_scaling")) {
+    if (!scaling->is_object()) {
+      fields.fail("rope_scaling",
+                  "must be an object or null, not " + FieldReader::describe(*scaling));
+    }
+    out.rope_scaling = read_llama3_scaling(FieldReader(*scaling, origin, "rope_scaling."), fields,
+                                           "rope_scaling", true);
+  }
+  if (const json* params = fields.find("rope_parameters")) {
+    if (!params->is_object()) {
+      fields.fail("rope_parameters",
+                  "must be an object or null, not " + FieldReader::describe(*params));
+    }
+    for (const auto& item : params->items()) {
+      if (item.value().is_object()) {
+        fields.fail("rope_parameters", "gives parameters per layer type ('" + item.key() +
+                                           "'), which is not supported");
+      }
+    }
+    const FieldReader sub(*params, origin, "rope_parameters.");
+    out.rope_theta = sub.number_or("rope_theta", out.rope_theta);
+    const double partial = sub.number_or("partial_rotary_factor", 1.0);
+    if (partial != 1.0) {
+      sub.fail("partial_rotary_factor",
+               "is " + FieldReader::describe(*sub.find("partial_rotary_factor")) +
+                   "; only RoPE over the whole head (1.0) is supported");
+    }
+    out.rope_scaling = read_llama3_scaling(sub, fields, "rope_parameters", false);
+  }
+  if (!(out.rope_theta > 0)) fields.fail("rope_theta", "must be positive");
+}
+
+// eos_token_id: one id or a list, each inside the vocabulary.
+std::vector<int64_t> read_eos(const FieldReader& fields, int64_t vocab_size) {
   const json* v = fields.find("eos_token_id");
   if (!v) return {};
+  std::vector<int64_t> ids;
   if (v->is_array()) {
-    std::vector<int64_t> ids;
     for (const json& id : *v)
       ids.push_back(fields.as_integer("eos_token_id", id));
-    return ids;
+  } else {
+    ids.push_back(fields.as_integer("eos_token_id", *v));
   }
-  return {fields.as_integer("eos_token_id", *v)};
+  for (int64_t id : ids) {
+    if (id < 0 || id >= vocab_size) {
+      fields.fail("eos_token_id", "holds " + std::to_string(id) + ", outside the vocabulary of " +
+                                      std::to_string(vocab_size));
+    }
+  }
+  return ids;
 }
 
 // Qwen2/Qwen3 keep a sliding_window value even when it is off; with use_sliding_window,
@@ -289,9 +333,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   if (out.head_dim % 2 != 0) fields.fail("head_dim", "must be even for rotary embeddings");
 
   out.rms_norm_eps = fields.number_or("rms_norm_eps", 1e-6);
-  out.rope_theta = fields.number_or("rope_theta", 10000.0);
-  if (!(out.rope_theta > 0)) fields.fail("rope_theta", "must be positive");
-  out.rope_scaling = read_rope_scaling(fields, origin);
+  read_rope(fields, origin, out);
   const int64_t default_max_positions = out.architecture == Architecture::kLlama     ? 2048
                                         : out.architecture == Architecture::kMistral ? 4096 * 32
                                                                                      : 32768;
@@ -325,13 +367,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
   out.dtype = read_dtype(fields);
   out.bos_token_id = fields.optional_integer("bos_token_id");
-  out.eos_token_ids = read_eos(fields);
-  for (int64_t id : out.eos_token_ids) {
-    if (id < 0 || id >= out.vocab_size) {
-      fields.fail("eos_token_id", "holds " + std::to_string(id) + ", outside the vocabulary of " +
-                                      std::to_string(out.vocab_size));
-    }
-  }
+  out.eos_token_ids = read_eos(fields, out.vocab_size);
   if (out.bos_token_id && (*out.bos_token_id < 0 || *out.bos_token_id >= out.vocab_size)) {
     fields.fail("bos_token_id", "is " + std::to_string(*out.bos_token_id) +
                                     ", outside the vocabulary of " +
@@ -342,7 +378,29 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   const std::filesystem::path file = model_dir / "config.json";
-  return parse_model_config(read_file(file), file.string());
+  ModelConfig config = parse_model_config(read_file(file), file.string());
+  // Chat checkpoints often name their end-of-turn token only in generation_config.json
+  // (Llama 3 Instruct's <|eot_id|>): generation stops on those ids too.
+  const std::filesystem::path generation = model_dir / "generation_config.json";
+  if (std::filesystem::exists(generation)) {
+    json g;
+    try {
+      g = json::parse(read_file(generation));
+    } catch (const json::parse_error& e) {
+      throw ConfigError(generation.string() + ": not valid JSON: " + e.what());
+    }
+    if (!g.is_object()) {
+      throw ConfigError(generation.string() + ": expected a JSON object at the top level");
+    }
+    const FieldReader fields(g, generation.string());
+    for (int64_t id : read_eos(fields, config.vocab_size)) {
+      if (std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) ==
+          config.eos_token_ids.end()) {
+        config.eos_token_ids.push_back(id);
+      }
+    }
+  }
+  return config;
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& config) {

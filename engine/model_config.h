@@ -39,8 +39,8 @@ struct ModelConfig {
   int64_t num_kv_heads = 0;  // num_key_value_heads (defaults to num_heads)
   int64_t head_dim = 0;      // head_dim (defaults to hidden_size / num_heads)
   double rms_norm_eps = 1e-6;
-  double rope_theta = 10000.0;
-  std::optional<Llama3RopeScaling> rope_scaling;
+  double rope_theta = 10000.0;                    // or rope_parameters.rope_theta
+  std::optional<Llama3RopeScaling> rope_scaling;  // or from rope_parameters
   int64_t max_position_embeddings = 2048;
   int64_t sliding_window = 0;  // 0: none
   bool tie_word_embeddings = false;
@@ -59,6 +59,8 @@ struct ModelConfig {
 // and the field: unsupported architecture, missing or ill-typed field, inconsistent
 // head counts.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& origin);
+// config.json of `model_dir`, with the eos_token_id of generation_config.json (when the
+// directory has one) added to the stop ids.
 ModelConfig load_model_config(const std::filesystem::path& model_dir);
 
 // RoPE inverse frequencies [head_dim / 2]: 1 / theta^(2i / head_dim), with llama3

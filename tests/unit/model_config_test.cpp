@@ -326,6 +326,43 @@ TEST(ModelConfig, RopeScalingAcceptsTypeKeyAndDefault) {
   EXPECT_FALSE(parse(j.dump()).rope_scaling.has_value());
 }
 
+// transformers 5 writes rope_theta and the scaling into one rope_parameters object.
+TEST(ModelConfig, RopeParametersAsTransformers5WritesThem) {
+  json j = json::parse(kLlama31_8B);
+  json params = j["rope_scaling"];
+  params["rope_theta"] = j["rope_theta"];
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = params;
+  const ModelConfig c = parse(j.dump());
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_DOUBLE_EQ(c.rope_scaling->factor, 8.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(rope_inv_freq(c), rope_inv_freq(parse(kLlama31_8B)));
+
+  json plain = json::parse(kTinyLlama);
+  plain.erase("rope_theta");
+  plain["rope_parameters"] = {{"rope_theta", 250000.0}, {"rope_type", "default"}};
+  EXPECT_DOUBLE_EQ(parse(plain.dump()).rope_theta, 250000.0);
+  EXPECT_FALSE(parse(plain.dump()).rope_scaling.has_value());
+  plain["rope_parameters"] = {{"rope_theta", 250000.0}};  // no rope_type: default
+  EXPECT_DOUBLE_EQ(parse(plain.dump()).rope_theta, 250000.0);
+  EXPECT_FALSE(parse(plain.dump()).rope_scaling.has_value());
+
+  plain["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "yarn"}, {"factor", 4}};
+  EXPECT_THAT(error_of(plain.dump()),
+              AllOf(HasSubstr("'rope_parameters.rope_type'"), HasSubstr("yarn")));
+  plain["rope_parameters"] = {{"rope_theta", 1e6}, {"partial_rotary_factor", 0.5}};
+  EXPECT_THAT(error_of(plain.dump()), HasSubstr("'rope_parameters.partial_rotary_factor'"));
+  plain["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}},
+                              {"sliding_attention", {{"rope_theta", 1e4}}}};
+  EXPECT_THAT(error_of(plain.dump()),
+              AllOf(HasSubstr("'rope_parameters'"), HasSubstr("per layer type")));
+  plain["rope_parameters"] = 7;
+  EXPECT_THAT(error_of(plain.dump()), HasSubstr("'rope_parameters'"));
+}
+
 TEST(ModelConfig, ErrorsNameTheFileAndTheField) {
   EXPECT_THAT(error_of(edited(kTinyLlama, "architectures", json::array({"GPT2LMHeadModel"}))),
               AllOf(HasSubstr("test/config.json"), HasSubstr("'architectures'"),
@@ -385,6 +422,33 @@ TEST(ModelConfig, LoadNamesTheFile) {
   }
   std::ofstream(dir / "config.json") << kTinyLlama;
   EXPECT_EQ(load_model_config(dir).num_layers, 22);
+  std::filesystem::remove_all(dir);
+}
+
+// Chat checkpoints list their end-of-turn token in generation_config.json (Llama 3
+// Instruct's 128009); generation stops on those as well as on config.json's.
+TEST(ModelConfig, LoadAddsGenerationConfigEosTokens) {
+  const auto dir = std::filesystem::temp_directory_path() / "pagellm_generation_config_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << kTinyLlama;
+  EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int64_t>{2}));
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [2, 7, 7], "top_p": 0.9})";
+  EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int64_t>{2, 7}));
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 5})";
+  EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int64_t>{2, 5}));
+  std::ofstream(dir / "generation_config.json") << R"({"temperature": 0.6})";
+  EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int64_t>{2}));
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 40000})";
+  try {
+    load_model_config(dir);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr((dir / "generation_config.json").string()),
+                                HasSubstr("'eos_token_id'"), HasSubstr("outside the vocabulary")));
+  }
+  std::ofstream(dir / "generation_config.json") << "{not json";
+  EXPECT_THROW(load_model_config(dir), ConfigError);
   std::filesystem::remove_all(dir);
 }
 
