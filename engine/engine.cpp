@@ -64,7 +64,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::shared_ptr<const Tokenizer
       tokenizer_(std::move(tokenizer)),
       config_(resolve(std::move(config), backend_->config())),
       kv_plan_(plan_kv_pool(backend_->config(), default_kv_dtype(backend_->config()),
-                            config_.num_kv_blocks, std::nullopt)),
+                            config_.num_kv_blocks, std::nullopt, config_.scheduler.max_model_len)),
       kv_(static_cast<int32_t>(kv_plan_.num_blocks), config_.enable_prefix_caching),
       scheduler_(config_.scheduler, kv_),
       seed_rng_(config_.seed ? *config_.seed : std::random_device{}()) {

@@ -57,7 +57,8 @@ std::string KVPoolPlan::describe() const {
 }
 
 KVPoolPlan plan_kv_pool(const ModelConfig& config, kernels::DType dtype,
-                        std::optional<int64_t> num_blocks, std::optional<int64_t> bytes) {
+                        std::optional<int64_t> num_blocks, std::optional<int64_t> bytes,
+                        int64_t context_length) {
   if (num_blocks.has_value() == bytes.has_value()) {
     throw ConfigError("size the KV cache with exactly one of --num-kv-blocks and --kv-cache-bytes");
   }
@@ -74,7 +75,7 @@ KVPoolPlan plan_kv_pool(const ModelConfig& config, kernels::DType dtype,
   }
   plan.total_bytes = plan.num_blocks * plan.bytes_per_block;
   plan.capacity_tokens = plan.num_blocks * kernels::cpu::kBlockSize;
-  plan.context_length = config.max_position_embeddings;
+  plan.context_length = context_length > 0 ? context_length : config.max_position_embeddings;
   return plan;
 }
 

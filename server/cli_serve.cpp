@@ -317,8 +317,10 @@ int run_serve(Args args) {
     if (o.num_kv_blocks) {
       config.num_kv_blocks = *o.num_kv_blocks;
     } else if (o.kv_cache_bytes) {
+      // Throws, naming the size of one block, when the budget holds none.
       config.num_kv_blocks =
-          engine::kv_blocks_for_bytes(mc, engine::default_kv_dtype(mc), *o.kv_cache_bytes);
+          engine::plan_kv_pool(mc, engine::default_kv_dtype(mc), std::nullopt, *o.kv_cache_bytes)
+              .num_blocks;
     } else if (auto budget = backend->kv_cache_budget(o.gpu_memory_utilization)) {
       config.num_kv_blocks = engine::kv_blocks_for_bytes(mc, engine::default_kv_dtype(mc), *budget);
     } else {

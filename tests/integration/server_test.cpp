@@ -669,6 +669,28 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
   }
 }
 
+// The start-up log counts full-context sequences in --max-model-len, and a KV budget too
+// small for one block is refused with the size of a block.
+TEST(ServeCli, KvPoolLogUsesTheServedContextAndTinyBudgetsAreRefused) {
+  {
+    ServerProcess server({"--max-model-len", "64"});
+    ASSERT_GT(server.port(), 0) << server.log();
+    // 64 blocks of 16 tokens: 16 sequences of 64 tokens.
+    EXPECT_NE(server.log().find("16.0 sequences of the full 64-token context"), std::string::npos)
+        << server.log();
+  }
+  const std::string log = std::filesystem::temp_directory_path() /
+                          ("pagellm_serve_tiny_kv_" + std::to_string(getpid()));
+  const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
+                              test::tiny_demo_model().string() + "' --kv-cache-bytes 100 > '" +
+                              log + "' 2>&1";
+  const int status = std::system(command.c_str());
+  const std::string text = test::read_text_file(log);
+  std::filesystem::remove(log);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  EXPECT_NE(text.find("--kv-cache-bytes 100 holds no KV block"), std::string::npos) << text;
+}
+
 // --backend cuda where it cannot run: a usage error in a build without CUDA, a start-up
 // error naming the reason in one without a usable GPU.
 TEST(ServeCli, CudaBackendWithoutAGpuIsRefusedWithTheReason) {

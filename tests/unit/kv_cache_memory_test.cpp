@@ -48,6 +48,18 @@ TEST(KVPoolPlan, FromBlocksOrBytes) {
   EXPECT_LE(by_bytes.total_bytes, int64_t(1) << 30);
 }
 
+// With --max-model-len below the model's context, full-context sequences count in it.
+TEST(KVPoolPlan, FullContextIsTheServedContext) {
+  const ModelConfig config = bench_shape();
+  const KVPoolPlan plan = plan_kv_pool(config, kernels::DType::kBF16, 1024, std::nullopt, 512);
+  EXPECT_EQ(plan.context_length, 512);
+  EXPECT_DOUBLE_EQ(plan.full_context_sequences(), 32.0);
+  EXPECT_NE(plan.describe().find("32.0 sequences of the full 512-token context"), std::string::npos)
+      << plan.describe();
+  EXPECT_EQ(plan_kv_pool(config, kernels::DType::kBF16, 1024, std::nullopt, 0).context_length,
+            config.max_position_embeddings);
+}
+
 TEST(KVPoolPlan, RejectsImpossibleSizes) {
   const ModelConfig config = bench_shape();
   EXPECT_THROW(plan_kv_pool(config, kernels::DType::kBF16, std::nullopt, std::nullopt),
