@@ -61,7 +61,8 @@ bool KVCacheManager::can_add_sequence(const PrefixMatch& match, int32_t num_new_
   return needed <= pool_.num_available() - revived;
 }
 
-bool KVCacheManager::add_sequence(SeqId id, const PrefixMatch& match, int32_t num_new_tokens) {
+bool KVCacheManager::add_sequence(SeqId id, const PrefixMatch& match, int32_t num_new_tokens,
+                                  bool resumed) {
   if (sequences_.count(id)) throw PagingError("sequence " + std::to_string(id) + " already exists");
   if (num_new_tokens < 0) throw PagingError("cannot add a negative number of tokens");
   if (match.blocks.size() != match.hashes.size() ||
@@ -98,8 +99,10 @@ bool KVCacheManager::add_sequence(SeqId id, const PrefixMatch& match, int32_t nu
   seq.num_hashed_blocks = static_cast<int32_t>(match.blocks.size());
   if (!match.hashes.empty()) seq.last_hash = match.hashes.back();
   sequences_.emplace(id, std::move(seq));
-  prefix_query_tokens_ += match.num_query_tokens;
-  prefix_hit_tokens_ += match.num_cached_tokens;
+  if (!resumed) {
+    prefix_query_tokens_ += match.num_query_tokens;
+    prefix_hit_tokens_ += match.num_cached_tokens;
+  }
   return true;
 }
 

@@ -52,7 +52,7 @@ struct KVCacheUsage {
   int32_t cached_free_blocks = 0;
   int32_t free_blocks = 0;
   int32_t num_sequences = 0;
-  int64_t prefix_query_tokens = 0;  // prompt tokens looked up at admission
+  int64_t prefix_query_tokens = 0;  // prompt tokens looked up at first admission
   int64_t prefix_hit_tokens = 0;    // of which found in the cache
   // Share of blocks in use, 0..1 (cached-free blocks count as reclaimable, not used).
   double usage() const { return total_blocks ? double(used_blocks) / total_blocks : 0.0; }
@@ -76,8 +76,11 @@ class KVCacheManager {
   // Starts sequence `id` holding the matched blocks plus slots for `num_new_tokens`
   // tokens after them. All or nothing: returns false and changes nothing when the pool
   // is short. Throws PagingError when `id` exists, the match is stale (a matched block
-  // was evicted since), or the request needs more blocks than the pool has.
-  bool add_sequence(SeqId id, const PrefixMatch& match, int32_t num_new_tokens);
+  // was evicted since), or the request needs more blocks than the pool has. The match
+  // counts in the prefix-cache statistics unless `resumed` (a preempted sequence coming
+  // back: its prompt was counted when it was first admitted).
+  bool add_sequence(SeqId id, const PrefixMatch& match, int32_t num_new_tokens,
+                    bool resumed = false);
 
   // Blocks allocate_slots(id, n) would take from the pool (copy-on-write included).
   int32_t num_blocks_needed(SeqId id, int32_t num_new_tokens) const;

@@ -172,11 +172,12 @@ ScheduledBatch Scheduler::schedule(double now) {
     const paging::PrefixMatch match = kv_.match_prefix(seq->tokens, seq->cache_salt);
     const int32_t remaining = seq->num_tokens() - match.num_cached_tokens;
     const int32_t n = std::min(remaining, budget);
-    if (!kv_.add_sequence(seq->id, match, n)) break;  // the head waits for blocks
+    const bool resumed = seq->num_preemptions > 0;
+    if (!kv_.add_sequence(seq->id, match, n, resumed)) break;  // the head waits for blocks
     waiting_.pop_front();
     seq->num_computed = match.num_cached_tokens;
     seq->status = SequenceStatus::kRunning;
-    if (seq->num_preemptions > 0) {
+    if (resumed) {
       seq->resumed_at_step = step_;
     } else {
       seq->num_cached_prompt_tokens = match.num_cached_tokens;

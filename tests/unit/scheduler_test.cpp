@@ -187,6 +187,8 @@ TEST(Scheduler, FcfsPreemptsTheMostRecentlyAdmittedAndResumesIt) {
   EXPECT_EQ(order_finished.front(), 1);
   EXPECT_EQ(order_finished.size(), 3u);
   EXPECT_EQ(kv.usage().used_blocks, 0);
+  // Prefix-cache lookups count prompts once: resuming sequence 2 is not a new query.
+  EXPECT_EQ(kv.usage().prefix_query_tokens, 30 + 30 + 4);
 }
 
 TEST(Scheduler, PriorityPolicyAdmitsAndPreemptsByPriority) {
