@@ -20,6 +20,23 @@ std::string number(double v) {
   return buf;
 }
 
+// A label value in the text format: backslash, double quote and newline escaped.
+std::string escape_label_value(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 void metric(std::string& out, const char* type, const std::string& name, const char* help,
             const std::string& labels, double value) {
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
@@ -69,7 +86,7 @@ ServerMetrics::ServerMetrics()
 std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics& server,
                            const std::string& model_name) {
   std::string out;
-  const std::string labels = "model_name=\"" + model_name + "\"";
+  const std::string labels = "model_name=\"" + escape_label_value(model_name) + "\"";
   metric(out, "gauge", "pagellm:num_requests_running", "Requests in the running batch.", labels,
          stats.num_running);
   metric(out, "gauge", "pagellm:num_requests_waiting", "Requests waiting to be scheduled.", labels,

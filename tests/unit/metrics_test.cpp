@@ -58,6 +58,14 @@ TEST(Metrics, GaugesAndCountersCarryTheEngineState) {
   EXPECT_TRUE(has_line(text, "# TYPE pagellm:generation_tokens_total counter"));
 }
 
+// Label values escape backslash, double quote and newline, as the text format requires.
+TEST(Metrics, ModelNameIsEscapedInLabels) {
+  ServerMetrics server;
+  const std::string text = render_metrics(sample_stats(), server, "a\\b\"c\nd");
+  EXPECT_TRUE(has_line(text, "pagellm:num_requests_running{model_name=\"a\\\\b\\\"c\\nd\"} 3"))
+      << text;
+}
+
 TEST(Metrics, HistogramBucketsAreCumulative) {
   Histogram h({0.1, 1.0});
   h.observe(0.05);
