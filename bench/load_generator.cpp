@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 
@@ -19,6 +20,22 @@ using nlohmann::json;
 // ---- workload ----
 
 namespace {
+
+// The dataset's prompt indices in the order a workload with `seed` takes them: a
+// permutation of the whole file, then another, and so on.
+std::vector<size_t> dataset_order(size_t size, size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<size_t> order;
+  order.reserve(count + size);
+  std::vector<size_t> perm(size);
+  while (order.size() < count) {
+    std::iota(perm.begin(), perm.end(), size_t{0});
+    std::shuffle(perm.begin(), perm.end(), rng);
+    order.insert(order.end(), perm.begin(), perm.end());
+  }
+  order.resize(count);
+  return order;
+}
 
 int draw_length(int len, double ratio, std::mt19937_64& rng) {
   if (ratio <= 0) return len;
@@ -37,8 +54,10 @@ std::vector<BenchRequest> build_requests(const WorkloadOptions& o) {
   std::mt19937_64 rng(o.seed);
   std::vector<BenchRequest> out(o.num_requests);
   if (!o.dataset_prompts.empty()) {
+    const std::vector<size_t> order =
+        dataset_order(o.dataset_prompts.size(), o.num_requests, stream_seed(o.seed, 3));
     for (int i = 0; i < o.num_requests; ++i) {
-      out[i].prompt_text = o.dataset_prompts[i % o.dataset_prompts.size()];
+      out[i].prompt_text = o.dataset_prompts[order[i]];
       out[i].output_len = draw_length(o.output_len, o.range_ratio, rng);
     }
     return out;
@@ -100,7 +119,21 @@ WorkloadOptions warmup_workload(const WorkloadOptions& run, int count) {
   WorkloadOptions w = run;
   w.num_requests = count;
   w.seed = stream_seed(run.seed, 1);
+  const size_t size = run.dataset_prompts.size();
+  const size_t used = static_cast<size_t>(std::max(run.num_requests, 0));
+  if (size > used) {
+    // The prompts after the run's in its order: the run never sends them.
+    const std::vector<size_t> order = dataset_order(size, size, stream_seed(run.seed, 3));
+    w.dataset_prompts.clear();
+    for (size_t i = used; i < size; ++i)
+      w.dataset_prompts.push_back(run.dataset_prompts[order[i]]);
+  }
   return w;
+}
+
+bool warmup_repeats_run_prompts(const WorkloadOptions& run, int count) {
+  const size_t size = run.dataset_prompts.size();
+  return count > 0 && size > 0 && static_cast<size_t>(std::max(run.num_requests, 0)) + count > size;
 }
 
 std::vector<double> arrival_times(int count, double rate, double burstiness, uint64_t seed) {

@@ -30,7 +30,9 @@ struct WorkloadOptions {
   // Prompt token ids are drawn from [kFirstPromptTokenId, vocab_size).
   int vocab_size = 500;
   uint64_t seed = 0;
-  std::vector<std::string> dataset_prompts;  // when not empty: text prompts, in turn
+  // When not empty: text prompts, taken in an order shuffled by `seed` (the whole file
+  // once before any prompt repeats); lengths other than the output's do not apply.
+  std::vector<std::string> dataset_prompts;
 };
 
 // Low ids are where tokenizers keep their special tokens; random prompts avoid them.
@@ -53,8 +55,14 @@ std::vector<BenchRequest> build_requests(const WorkloadOptions& options);
 // would then find in the server's prefix cache.
 uint64_t stream_seed(uint64_t seed, uint64_t stream);
 
-// The `count` warm-up requests sent before a run: the run's workload with prompts of their own.
+// The `count` warm-up requests sent before a run: the run's workload with prompts of their
+// own. With a dataset those are the prompts the run leaves unused, unless it uses them all
+// (see warmup_repeats_run_prompts).
 WorkloadOptions warmup_workload(const WorkloadOptions& run, int count);
+
+// Whether `count` warm-up requests must send prompts the run sends too, which the run then
+// finds in the server's prefix cache: a dataset with fewer prompts than the two together.
+bool warmup_repeats_run_prompts(const WorkloadOptions& run, int count);
 
 // The "prompt" field of every line of a JSONL file. Throws std::runtime_error naming the
 // file and line when one cannot be read.
@@ -118,7 +126,7 @@ struct BenchOptions {
   std::string model;  // empty: the first of /v1/models
   Endpoint endpoint = Endpoint::kCompletions;
   std::string api_key;
-  int concurrency = 0;  // 0: no limit
+  int concurrency = 0;  // 0: every request at once, up to 1024 in flight
   double request_rate = std::numeric_limits<double>::infinity();
   double burstiness = 1.0;
   int warmup = 0;

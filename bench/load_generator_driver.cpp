@@ -42,12 +42,18 @@ Target parse_url(const std::string& url) {
   return t;
 }
 
+// Read and write timeouts of `seconds`, fractions included.
+void set_io_timeouts(httplib::Client& client, double seconds) {
+  const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::duration<double>(seconds));
+  client.set_read_timeout(timeout);
+  client.set_write_timeout(timeout);
+}
+
 httplib::Client make_client(const Target& target, const BenchOptions& o) {
   httplib::Client client(target.host_url);
   client.set_connection_timeout(10, 0);
-  const auto timeout = static_cast<time_t>(o.timeout_s);
-  client.set_read_timeout(timeout, 0);
-  client.set_write_timeout(timeout, 0);
+  set_io_timeouts(client, o.timeout_s);
   client.set_keep_alive(true);
   // Without it, Nagle holds the request body back until the headers are acknowledged,
   // which a delayed ACK turns into tens of milliseconds of false TTFT.
@@ -115,7 +121,11 @@ RequestResult send_request(httplib::Client& client, const Target& target, const 
   std::optional<int> usage_output, usage_input;
   std::string stream_error;
   bool done = false;
+  bool timed_out = false;
   const auto start = Clock::now();
+  // The read timeout bounds each silence; this bounds the whole request.
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(o.timeout_s));
   auto last = start;
   result.start_s = std::chrono::duration<double>(start - t0).count();
   req.response_handler = [&](const httplib::Response& res) {
@@ -124,6 +134,10 @@ RequestResult send_request(httplib::Client& client, const Target& target, const 
   };
   req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
     const auto now = Clock::now();
+    if (now > deadline) {
+      timed_out = true;
+      return false;
+    }
     if (result.http_status != 200) {
       if (raw.size() < 4096) raw.append(data, len);
       return true;
@@ -174,6 +188,12 @@ RequestResult send_request(httplib::Client& client, const Target& target, const 
   };
   auto res = client.send(req);
   result.e2e_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (timed_out) {
+    char text[64];
+    std::snprintf(text, sizeof text, "timed out after %g s", o.timeout_s);
+    result.error = text;
+    return result;
+  }
   if (!res) {
     result.error = "connection: " + httplib::to_string(res.error());
     return result;
@@ -269,16 +289,30 @@ BenchReport run_benchmark(const BenchOptions& o) {
   const Target target = parse_url(o.url);
   const std::vector<BenchRequest> requests = build_requests(o.workload);
   httplib::Client control = make_client(target, o);
+  set_io_timeouts(control, std::max(o.timeout_s, 10.0));  // /v1/models and /metrics
   const std::string model = o.model.empty() ? first_model(control, target) : o.model;
 
   const int limit = o.concurrency > 0 ? o.concurrency : 1024;
   const int workers = std::max(1, std::min<int>(limit, static_cast<int>(requests.size())));
 
   if (o.warmup > 0) {
+    if (warmup_repeats_run_prompts(o.workload, o.warmup)) {
+      std::fprintf(stderr,
+                   "warning: the dataset has %zu prompts, fewer than the %d measured and %d "
+                   "warm-up requests: the run finds warm-up prompts in the prefix cache\n",
+                   o.workload.dataset_prompts.size(), o.workload.num_requests, o.warmup);
+    }
     const auto warm = build_requests(warmup_workload(o.workload, o.warmup));
     std::atomic<int> d{0}, f{0};
-    drive(target, o, model, warm, std::vector<double>(warm.size(), 0.0),
-          std::max(1, std::min<int>(limit, o.warmup)), Clock::now(), d, f);
+    const std::vector<RequestResult> results =
+        drive(target, o, model, warm, std::vector<double>(warm.size(), 0.0),
+              std::max(1, std::min<int>(limit, o.warmup)), Clock::now(), d, f);
+    if (f.load() > 0) {
+      const auto first = std::find_if(results.begin(), results.end(),
+                                      [](const RequestResult& r) { return !r.ok; });
+      std::fprintf(stderr, "warning: %d of %d warm-up requests failed (first: %s)\n", f.load(),
+                   o.warmup, first->error.c_str());
+    }
   }
 
   const std::vector<double> arrivals =

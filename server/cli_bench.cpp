@@ -25,7 +25,7 @@ constexpr const char* kUsage =
     "Streams every request and times each token from the client side.\n"
     "\n"
     "  --url                server base URL, e.g. http://127.0.0.1:8000\n"
-    "  --concurrency        requests in flight at most (default: no limit)\n"
+    "  --concurrency        requests in flight at most (default: all, up to 1024)\n"
     "  --num-requests       measured requests (default 100)\n"
     "  --request-rate       arrivals per second (default inf: all at once)\n"
     "  --burstiness         gamma shape of the gaps: 1 Poisson (default), <1 burstier\n"
@@ -33,7 +33,8 @@ constexpr const char* kUsage =
     "  --output-len         generated tokens (default 64); ignore_eos is set\n"
     "  --range-ratio        lengths uniform in [L*(1-X), L*(1+X)] (default 0)\n"
     "  --shared-prefix-len  tokens every prompt starts with (default 0)\n"
-    "  --dataset            JSONL file whose lines have a \"prompt\" string\n"
+    "  --dataset            JSONL file whose lines have a \"prompt\" string, taken in an\n"
+    "                       order of --seed (instead of --input-len and the prefix)\n"
     "  --endpoint           completions (default) or chat (text prompts)\n"
     "  --model              model name (default: the first of /v1/models)\n"
     "  --api-key            bearer key (default: $PAGELLM_API_KEY, then $OPENAI_API_KEY)\n"
@@ -41,7 +42,7 @@ constexpr const char* kUsage =
     "  --seed               seed of prompts and arrivals (default 0); a second run with\n"
     "                       one seed finds its prompts in the server's prefix cache\n"
     "  --vocab-size         random prompt ids are drawn below this (default 500)\n"
-    "  --timeout            seconds a request may take (default 600)\n"
+    "  --timeout            seconds a request may take before it fails (default 600)\n"
     "  --json               write the report with every request to FILE\n"
     "\n"
     "Exits 1 when any request failed.\n";
@@ -106,7 +107,10 @@ int run_bench(Args args) {
       o.workload.range_ratio = parse_number("--range-ratio", *v);
       if (o.workload.range_ratio >= 1) throw UsageError("--range-ratio must be below 1");
     }
-    if (auto v = reader.option("--timeout")) o.timeout_s = parse_number("--timeout", *v);
+    if (auto v = reader.option("--timeout")) {
+      o.timeout_s = parse_number("--timeout", *v);
+      if (!(o.timeout_s > 0)) throw UsageError("--timeout must be above 0");
+    }
     if (auto v = reader.option("--endpoint")) {
       if (*v == "completions")
         o.endpoint = bench::Endpoint::kCompletions;
@@ -125,8 +129,14 @@ int run_bench(Args args) {
     }
     o.progress = !reader.flag("--no-progress");
     json_path = reader.option("--json").value_or("");
-    if (auto dataset = reader.option("--dataset"))
+    if (auto dataset = reader.option("--dataset")) {
+      for (const char* random_only : {"--input-len", "--shared-prefix-len", "--vocab-size"}) {
+        if (reader.option(random_only))
+          throw UsageError(std::string(random_only) + " shapes random prompts; it does not " +
+                           "apply with --dataset");
+      }
       o.workload.dataset_prompts = bench::read_dataset_prompts(*dataset);
+    }
   } catch (const UsageError& e) {
     std::fprintf(stderr, "pagellm bench: %s\n\n%s", e.what(), kUsage);
     return 2;

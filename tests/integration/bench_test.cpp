@@ -107,8 +107,13 @@ TEST(BenchTest, FailedRequestsAreCountedWithTheirErrorAndExitNonZero) {
   // 64 blocks of 16 tokens: a 2,000-token prompt never fits, and the server says 400.
   test::ServerProcess server({"--num-kv-blocks", "64"});
   ASSERT_GT(server.port(), 0) << server.log();
-  const BenchRun run = run_bench(server, "--num-requests 3 --input-len 2000 --output-len 4");
+  const BenchRun run =
+      run_bench(server, "--num-requests 3 --input-len 2000 --output-len 4 --warmup 2");
   EXPECT_EQ(run.exit_code, 1) << run.output;
+  // Failed warm-up requests are reported, not counted in the run.
+  EXPECT_NE(run.output.find("warning: 2 of 2 warm-up requests failed (first: HTTP 400: "),
+            std::string::npos)
+      << run.output;
   ASSERT_FALSE(run.report.is_discarded()) << run.output;
   EXPECT_EQ(run.report["failed"], 3);
   EXPECT_EQ(run.report["completed"], 0);
@@ -117,6 +122,20 @@ TEST(BenchTest, FailedRequestsAreCountedWithTheirErrorAndExitNonZero) {
       << run.report["errors"].dump();
   EXPECT_EQ(run.report["requests"][0]["http_status"], 400);
   EXPECT_NE(run.output.find("Failed requests:                         3"), std::string::npos);
+}
+
+// --timeout bounds the whole request, not only each silence between two chunks.
+TEST(BenchTest, RequestsLongerThanTheTimeoutFail) {
+  test::ServerProcess server({"--num-kv-blocks", "64"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const BenchRun run =
+      run_bench(server, "--num-requests 2 --input-len 8 --output-len 500 --timeout 0.05");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  ASSERT_FALSE(run.report.is_discarded()) << run.output;
+  EXPECT_EQ(run.report["failed"], 2) << run.report.dump();
+  EXPECT_TRUE(run.report["errors"].contains("timed out after 0.05 s"))
+      << run.report["errors"].dump();
+  EXPECT_EQ(kv_used_blocks_when_idle(server), 0);
 }
 
 TEST(BenchTest, ChatEndpointAndAnApiKey) {
@@ -169,6 +188,19 @@ TEST(BenchTest, UsageErrorsExitTwo) {
                               output),
             2)
       << output;
+  EXPECT_EQ(
+      test::run_command(std::string(PAGELLM_BINARY) + " bench --url http://127.0.0.1:1 --timeout 0",
+                        output),
+      2)
+      << output;
+  // Random-prompt shapes do not combine with a dataset (checked before it is read).
+  EXPECT_EQ(test::run_command(std::string(PAGELLM_BINARY) +
+                                  " bench --url http://127.0.0.1:1 --dataset /nonexistent.jsonl "
+                                  "--input-len 8",
+                              output),
+            2)
+      << output;
+  EXPECT_NE(output.find("--input-len shapes random prompts"), std::string::npos) << output;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -81,6 +82,43 @@ TEST(BuildRequestsTest, WarmupPromptsAreNoRunsPrompts) {
   }
 }
 
+std::vector<std::string> texts(const std::vector<BenchRequest>& requests) {
+  std::vector<std::string> out;
+  for (const auto& r : requests)
+    out.push_back(r.prompt_text);
+  return out;
+}
+
+// A dataset is taken in an order of the seed's; the warm-up sends the prompts the run
+// leaves unused, and says when there are too few for that.
+TEST(BuildRequestsTest, DatasetOrderFollowsTheSeedAndWarmupTakesUnusedPrompts) {
+  WorkloadOptions o;
+  for (int i = 0; i < 40; ++i)
+    o.dataset_prompts.push_back("prompt " + std::to_string(i));
+  o.num_requests = 30;
+  o.seed = 1;
+  const auto run = texts(build_requests(o));
+  EXPECT_EQ(run, texts(build_requests(o)));
+  EXPECT_EQ(std::set<std::string>(run.begin(), run.end()).size(), 30u);
+  o.seed = 2;
+  EXPECT_NE(run, texts(build_requests(o)));
+  o.seed = 1;
+
+  EXPECT_FALSE(warmup_repeats_run_prompts(o, 10));
+  const auto warm = texts(build_requests(warmup_workload(o, 10)));
+  ASSERT_EQ(warm.size(), 10u);
+  EXPECT_EQ(std::set<std::string>(warm.begin(), warm.end()).size(), 10u);
+  for (const std::string& p : warm)
+    EXPECT_EQ(std::count(run.begin(), run.end(), p), 0) << p;
+
+  EXPECT_TRUE(warmup_repeats_run_prompts(o, 11));
+  EXPECT_EQ(build_requests(warmup_workload(o, 11)).size(), 11u);
+  o.num_requests = 40;
+  EXPECT_TRUE(warmup_repeats_run_prompts(o, 1));
+  EXPECT_FALSE(warmup_repeats_run_prompts(o, 0));
+  EXPECT_EQ(build_requests(warmup_workload(o, 3)).size(), 3u);
+}
+
 TEST(BuildRequestsTest, RangeRatioDrawsLengthsInTheRange) {
   WorkloadOptions o;
   o.num_requests = 200;
@@ -118,11 +156,12 @@ TEST(BuildRequestsTest, DatasetPromptsAreUsedInTurn) {
   }
   WorkloadOptions o;
   o.dataset_prompts = read_dataset_prompts(path.string());
+  EXPECT_EQ(o.dataset_prompts, (std::vector<std::string>{"hello", "world"}));
   o.num_requests = 3;
   const auto requests = build_requests(o);
-  EXPECT_EQ(requests[0].prompt_text, "hello");
-  EXPECT_EQ(requests[1].prompt_text, "world");
-  EXPECT_EQ(requests[2].prompt_text, "hello");
+  // Both prompts once before either repeats.
+  EXPECT_NE(requests[0].prompt_text, requests[1].prompt_text);
+  EXPECT_TRUE(requests[2].prompt_text == "hello" || requests[2].prompt_text == "world");
   EXPECT_TRUE(requests[0].prompt_tokens.empty());
   {
     std::ofstream out(path);
