@@ -56,6 +56,7 @@ std::unique_ptr<LlamaModel> LlamaModel::load(const std::filesystem::path& model_
   SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(model_dir);
   std::unique_ptr<LlamaModel> model(new LlamaModel(std::move(config), std::move(checkpoint)));
   const ModelWeights w = bind_weights(model->config_, model->checkpoint_);
+  take_weight_dtype(model->config_, w);
   model->embed_tokens_ = w.embed_tokens;
   model->final_norm_ = w.final_norm;
   model->layers_.resize(w.layers.size());

@@ -366,6 +366,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   }
 
   out.dtype = read_dtype(fields);
+  out.dtype_given = fields.find("torch_dtype") != nullptr || fields.find("dtype") != nullptr;
   out.bos_token_id = fields.optional_integer("bos_token_id");
   out.eos_token_ids = read_eos(fields, out.vocab_size);
   if (out.bos_token_id && (*out.bos_token_id < 0 || *out.bos_token_id >= out.vocab_size)) {

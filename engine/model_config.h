@@ -44,9 +44,12 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   int64_t sliding_window = 0;  // 0: none
   bool tie_word_embeddings = false;
-  bool attention_bias = false;                   // q/k/v biases (Qwen2; Llama's attention_bias)
-  bool qk_norm = false;                          // per-head q/k RMSNorm (Qwen3)
-  kernels::DType dtype = kernels::DType::kBF16;  // torch_dtype
+  bool attention_bias = false;  // q/k/v biases (Qwen2; Llama's attention_bias)
+  bool qk_norm = false;         // per-head q/k RMSNorm (Qwen3)
+  // torch_dtype; without one, the weights' dtype once loaded (take_weight_dtype). The KV
+  // cache is kept in it.
+  kernels::DType dtype = kernels::DType::kBF16;
+  bool dtype_given = false;  // config.json has torch_dtype (or dtype)
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // eos_token_id: one id or a list
 

@@ -60,4 +60,8 @@ ModelWeights bind_weights(const ModelConfig& config, const SafetensorsCheckpoint
   return w;
 }
 
+void take_weight_dtype(ModelConfig& config, const ModelWeights& weights) {
+  if (!config.dtype_given) config.dtype = weights.embed_tokens.dtype;
+}
+
 }  // namespace pagellm::engine

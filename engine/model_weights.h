@@ -35,4 +35,8 @@ struct ModelWeights {
 // naming the file, tensor and expected shape for anything missing or mis-shaped.
 ModelWeights bind_weights(const ModelConfig& config, const SafetensorsCheckpoint& checkpoint);
 
+// A config.json without torch_dtype takes the dtype its weights are stored in (the
+// embedding's), so that a bf16 checkpoint gets a bf16 KV cache rather than float32.
+void take_weight_dtype(ModelConfig& config, const ModelWeights& weights);
+
 }  // namespace pagellm::engine

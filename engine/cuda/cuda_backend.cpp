@@ -800,6 +800,7 @@ std::unique_ptr<Backend> make_cuda_backend(const std::filesystem::path& model_di
   ModelConfig config = load_model_config(model_dir);
   SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(model_dir);
   const ModelWeights weights = bind_weights(config, checkpoint);
+  take_weight_dtype(config, weights);
   auto backend = std::make_unique<CudaBackend>(config, options, weight_dtype_of(weights));
   backend->upload(weights);
   return backend;

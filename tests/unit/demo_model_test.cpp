@@ -14,6 +14,8 @@
 
 #include "engine/chat_template.h"
 #include "engine/demo_tokenizer.h"
+#include "engine/kv_cache_memory.h"
+#include "engine/llama_model.h"
 #include "engine/model_config.h"
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
@@ -223,6 +225,26 @@ TEST(DemoModel, TinyAndSmallPresetsLoad) {
     expect_loads(dir, spec);
     fs::remove_all(dir);
   }
+}
+
+// Without torch_dtype in config.json the model (and so its KV cache) takes the dtype of
+// its weights.
+TEST(DemoModel, ConfigWithoutDtypeTakesTheWeightsDtype) {
+  const fs::path dir = temp_dir("no_dtype");
+  DemoModelSpec spec = demo_model_preset("tiny");
+  for (kernels::DType dtype : {kernels::DType::kBF16, kernels::DType::kF16}) {
+    spec.dtype = dtype;
+    write_demo_model(dir, spec);
+    json config = json::parse(read(dir / "config.json"));
+    config.erase("torch_dtype");
+    std::ofstream(dir / "config.json") << config.dump();
+    EXPECT_EQ(LlamaModel::load(dir)->config().dtype, dtype);
+    EXPECT_EQ(default_kv_dtype(LlamaModel::load(dir)->config()), dtype);
+    config["torch_dtype"] = "float32";
+    std::ofstream(dir / "config.json") << config.dump();
+    EXPECT_EQ(LlamaModel::load(dir)->config().dtype, kernels::DType::kF32);
+  }
+  fs::remove_all(dir);
 }
 
 struct ArchCase {
