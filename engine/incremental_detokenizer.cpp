@@ -294,6 +294,34 @@ IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer,
   }
 }
 
+std::string IncrementalDetokenizer::token_bytes(TokenId id) const {
+  const State& s = *state_;
+  const std::string* token = s.impl->token_string(id);
+  if (token == nullptr) return {};
+  if (!s.streaming) {
+    // Decoders the stream cannot follow token by token: the token's own decode.
+    const TokenId one[] = {id};
+    return s.tokenizer.decode(one, false, false);
+  }
+  std::string out;
+  switch (s.join) {
+    case State::Join::kSpaced:
+      return *token;
+    case State::Join::kByteLevel:
+      if (!byte_level::decode(*token, out)) out = *token;  // an added token's text
+      return out;
+    case State::Join::kByteFallback: {
+      out = s.apply_token_steps(*token, 1);
+      const int byte = byte_fallback_value(out);
+      if (byte >= 0) return std::string(1, static_cast<char>(byte));
+      return out;
+    }
+    case State::Join::kPlain:
+      return s.apply_token_steps(*token, 1);
+  }
+  return out;
+}
+
 IncrementalDetokenizer::~IncrementalDetokenizer() = default;
 IncrementalDetokenizer::IncrementalDetokenizer(IncrementalDetokenizer&&) noexcept = default;
 IncrementalDetokenizer& IncrementalDetokenizer::operator=(IncrementalDetokenizer&&) noexcept =

@@ -47,6 +47,11 @@ class IncrementalDetokenizer {
   // Afterwards the object accepts no more tokens.
   std::string finish();
 
+  // The bytes token `id` adds to a text after its first token, on its own: what logprobs
+  // report for it. A SentencePiece word keeps its leading space, and a token holding part
+  // of a character gives only those bytes (not valid UTF-8 alone). Changes no state.
+  std::string token_bytes(TokenId id) const;
+
  private:
   struct State;
   std::unique_ptr<State> state_;

@@ -11,6 +11,7 @@
 
 #include "engine/chat_template.h"
 #include "engine/engine.h"
+#include "engine/incremental_detokenizer.h"
 #include "engine/tokenizer.h"
 #include "server/dashboard.h"
 #include "server/metrics.h"
@@ -123,6 +124,7 @@ struct Choice {
   int32_t prompt_index = 0;
   std::shared_ptr<engine::RequestStream> stream;
   bool done = false;
+  int64_t logprob_chars = 0;  // characters of the tokens whose logprobs went out
   // What has been gathered (engine::merge_chunk): the end (usage, reason, times) and when
   // each token was sampled, for inter-token latency.
   engine::GenerationChunk final;
@@ -142,9 +144,11 @@ struct HttpServer::Impl {
   httplib::Server http;
   std::atomic<bool> draining{false};
   int64_t created = unix_now();
+  // Each token's own bytes, for logprobs (its const token_bytes only).
+  engine::IncrementalDetokenizer token_pieces;
 
   Impl(engine::Engine& e, std::shared_ptr<const engine::Tokenizer> t, HttpServerOptions o)
-      : engine(e), tokenizer(std::move(t)), options(std::move(o)) {
+      : engine(e), tokenizer(std::move(t)), options(std::move(o)), token_pieces(*tokenizer) {
     render_defaults = engine::chat_render_options(engine::load_tokenizer_config(options.model_dir));
     try {
       chat_template = engine::load_chat_template(options.model_dir, options.chat_template);
@@ -440,10 +444,7 @@ struct HttpServer::Impl {
     return out;
   }
 
-  std::string token_text(int32_t id) const {
-    const int32_t one[] = {id};
-    return tokenizer->decode(one, false);
-  }
+  std::string token_text(int32_t id) const { return token_pieces.token_bytes(id); }
 
   // Usage over all choices: each prompt counted once, every completion counted.
   UsageResult usage_of(const std::vector<Choice>& choices) const {
@@ -603,7 +604,12 @@ struct HttpServer::Impl {
         out.index = c.index;
         out.text = chunk->text;
         out.has_logprobs = r.params.logprobs;
-        if (r.params.logprobs) out.logprobs = logprob_entries(chunk->tokens);
+        if (r.params.logprobs) {
+          out.logprobs = logprob_entries(chunk->tokens);
+          out.text_offset = c.logprob_chars;
+          for (const TokenLogprobEntry& e : out.logprobs)
+            c.logprob_chars += characters_in(e.token);
+        }
         // The text and tokens went out above; the times and the end are gathered.
         chunk->text.clear();
         chunk->tokens.clear();

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/chat_template.h"
+#include "engine/utf8.h"
 
 namespace pagellm::server {
 namespace {
@@ -248,6 +249,19 @@ ordered_json bytes_of(const std::string& s) {
   return bytes;
 }
 
+// A token's bytes as text: themselves when valid UTF-8 (a part of a character is not),
+// else "bytes:" and an escape per byte, as OpenAI writes them.
+std::string token_display(const std::string& bytes) {
+  if (engine::utf8::is_valid(bytes)) return bytes;
+  std::string out = "bytes:";
+  for (unsigned char c : bytes) {
+    char hex[5];
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += hex;
+  }
+  return out;
+}
+
 ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
   if (!choice.has_logprobs) return nullptr;
   if (chat) {
@@ -255,9 +269,10 @@ ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
     for (const TokenLogprobEntry& e : choice.logprobs) {
       ordered_json top = ordered_json::array();
       for (const auto& [token, logprob] : e.top) {
-        top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", bytes_of(token)}});
+        top.push_back(
+            {{"token", token_display(token)}, {"logprob", logprob}, {"bytes", bytes_of(token)}});
       }
-      content.push_back({{"token", e.token},
+      content.push_back({{"token", token_display(e.token)},
                          {"logprob", e.logprob},
                          {"bytes", bytes_of(e.token)},
                          {"top_logprobs", std::move(top)}});
@@ -268,16 +283,16 @@ ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
   }
   ordered_json tokens = ordered_json::array(), token_logprobs = ordered_json::array(),
                top_logprobs = ordered_json::array(), offsets = ordered_json::array();
-  size_t offset = 0;
+  int64_t offset = choice.text_offset;
   for (const TokenLogprobEntry& e : choice.logprobs) {
-    tokens.push_back(e.token);
+    tokens.push_back(token_display(e.token));
     token_logprobs.push_back(e.logprob);
     ordered_json top = ordered_json::object();
     for (const auto& [token, logprob] : e.top)
-      top[token] = logprob;
+      top[token_display(token)] = logprob;
     top_logprobs.push_back(std::move(top));
     offsets.push_back(offset);
-    offset += e.token.size();
+    offset += characters_in(e.token);
   }
   return {{"tokens", std::move(tokens)},
           {"token_logprobs", std::move(token_logprobs)},
@@ -525,6 +540,13 @@ std::string models_response(const ModelInfo& model) {
 
 std::string model_response(const ModelInfo& model) {
   return dump(model_json(model));
+}
+
+int64_t characters_in(const std::string& bytes) {
+  int64_t n = 0;
+  for (unsigned char c : bytes)
+    n += (c & 0xC0) != 0x80 ? 1 : 0;  // every byte that does not continue a character
+  return n;
 }
 
 }  // namespace pagellm::server

@@ -74,6 +74,8 @@ constexpr int32_t kMaxChoices = 16;
 constexpr int32_t kMaxTopLogprobs = 20;
 
 // One token's log-probability, with the token text already decoded.
+// A token is given by its raw bytes (IncrementalDetokenizer::token_bytes); the response
+// shows them as text when they are valid UTF-8, else as "bytes:\xNN...".
 struct TokenLogprobEntry {
   std::string token;
   float logprob = 0;
@@ -86,6 +88,9 @@ struct ChoiceResult {
   std::string finish_reason;  // empty: null (stream chunks before the end)
   bool has_logprobs = false;
   std::vector<TokenLogprobEntry> logprobs;
+  // Characters before the first of `logprobs` (completions' text_offset): the stream's
+  // earlier chunks.
+  int64_t text_offset = 0;
 };
 
 struct UsageResult {
@@ -106,6 +111,9 @@ std::string completion_response(bool chat, const ResponseMeta& meta,
 
 // One SSE data payload: a chunk with one choice. Chat chunks with `role_delta` carry
 // delta.role = "assistant".
+// Characters that a token's raw bytes add to a text: completions' text_offset counts them.
+int64_t characters_in(const std::string& bytes);
+
 std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult& choice,
                          bool role_delta);
 // The final usage chunk of stream_options.include_usage (choices empty).

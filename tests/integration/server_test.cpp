@@ -413,6 +413,37 @@ TEST_F(Server, Logprobs) {
                 {{"prompt", "hi"}, {"max_tokens", 3}, {"logprobs", 2}, {"ignore_eos", true}});
   EXPECT_EQ(c["choices"][0]["logprobs"]["tokens"].size(), 3u);
   EXPECT_EQ(c["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
+
+  // Streamed, text_offset keeps counting across chunks: each offset is the previous one
+  // plus the characters of the previous token.
+  const Sse sse = post_stream(*client_, "/v1/completions",
+                              {{"prompt", "hi"},
+                               {"max_tokens", 8},
+                               {"logprobs", 1},
+                               {"ignore_eos", true},
+                               {"stream", true}});
+  std::vector<std::string> tokens;
+  std::vector<int64_t> offsets;
+  for (const json& e : sse.events) {
+    const json& lp = e["choices"][0]["logprobs"];
+    if (!lp.is_object()) continue;
+    for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+      tokens.push_back(lp["tokens"][i].get<std::string>());
+      offsets.push_back(lp["text_offset"][i].get<int64_t>());
+    }
+  }
+  ASSERT_EQ(tokens.size(), 8u);
+  EXPECT_EQ(offsets[0], 0);
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    if (tokens[i - 1].rfind("bytes:", 0) == 0) {
+      EXPECT_GE(offsets[i], offsets[i - 1]);
+    } else {
+      int64_t characters = 0;
+      for (unsigned char ch : tokens[i - 1])
+        characters += (ch & 0xC0) != 0x80 ? 1 : 0;
+      EXPECT_EQ(offsets[i], offsets[i - 1] + characters) << i;
+    }
+  }
 }
 
 TEST_F(Server, BadRequestsGetOpenAIErrors) {

@@ -128,6 +128,22 @@ TEST_F(ByteLevelStreaming, FourByteEmojiAndZwjSequence) {
   EXPECT_EQ(chars, expected);
 }
 
+// A token's own bytes: the part of a character it holds, or its text with its space.
+TEST_F(ByteLevelStreaming, TokenBytesAreTheRawBytesOfOneToken) {
+  const Tokenizer& tok = tokenizer_for("llama3");
+  const IncrementalDetokenizer detok(tok);
+  EXPECT_EQ(detok.token_bytes(byte_id(0xE2)), "\xE2");
+  EXPECT_EQ(detok.token_bytes(byte_id(0x82)), "\x82");
+  const auto ids = tok.encode(" Hello world");
+  std::string joined_bytes;
+  for (TokenId id : ids)
+    joined_bytes += detok.token_bytes(id);
+  EXPECT_EQ(joined_bytes, " Hello world");
+  EXPECT_EQ(detok.token_bytes(ids[0]), " Hello");
+  EXPECT_EQ(detok.token_bytes(*tok.token_to_id("<|eot_id|>")), "<|eot_id|>");
+  EXPECT_EQ(detok.token_bytes(-1), "");
+}
+
 TEST_F(ByteLevelStreaming, InvalidBytesBecomeReplacementCharacters) {
   const Tokenizer& tok = tokenizer_for("llama3");
   const TokenId a = *tok.token_to_id("A");
@@ -212,6 +228,15 @@ TEST(SentencePieceStreaming, StripsOnlyTheFirstLeadingSpace) {
   const Tokenizer tok = sentencepiece();
   EXPECT_EQ(stream(tok, {271, 276}), (std::vector<std::string>{"hello", " world", ""}));
   EXPECT_EQ(joined(stream(tok, {259, 259, 271})), tok.decode(std::vector<TokenId>{259, 259, 271}));
+}
+
+TEST(SentencePieceStreaming, TokenBytesKeepTheSpaceAndGiveFallbackBytes) {
+  const Tokenizer tok = sentencepiece();
+  const IncrementalDetokenizer detok(tok);
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{276}), "world");  // the first token loses it
+  EXPECT_EQ(detok.token_bytes(276), " world");
+  EXPECT_EQ(detok.token_bytes(271), " hello");
+  EXPECT_EQ(detok.token_bytes(byte_token_id(0xE4)), "\xE4");
 }
 
 TEST(SentencePieceStreaming, ContextKeepsTheSpaceOfTheFirstGeneratedToken) {

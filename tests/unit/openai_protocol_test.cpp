@@ -217,6 +217,33 @@ TEST(OpenAIProtocol, WholeCompletionResponseWithLegacyLogprobs) {
                   .is_null());
 }
 
+// Tokens arrive as raw bytes: a part of a character shows as "bytes:\xNN", keeps its
+// bytes, and adds no character to text_offset until its character is whole.
+TEST(OpenAIProtocol, LogprobTokensFromRawBytes) {
+  ChoiceResult c;
+  c.has_logprobs = true;
+  c.logprobs.push_back({" caf", -0.1f, {{" caf", -0.1f}, {"\xC3", -3.0f}}});
+  c.logprobs.push_back({"\xC3", -0.2f, {}});
+  c.logprobs.push_back({"\xA9", -0.3f, {}});
+  c.logprobs.push_back({"!", -0.4f, {}});
+  const json chat = json::parse(completion_response(true, {"c", 1, "m"}, {c}, {}));
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  EXPECT_EQ(content[0]["token"], " caf");
+  EXPECT_EQ(content[0]["top_logprobs"][1]["token"], "bytes:\\xc3");
+  EXPECT_EQ(content[0]["top_logprobs"][1]["bytes"], json({0xC3}));
+  EXPECT_EQ(content[1]["token"], "bytes:\\xc3");
+  EXPECT_EQ(content[1]["bytes"], json({0xC3}));
+  EXPECT_EQ(content[2]["bytes"], json({0xA9}));
+
+  c.text_offset = 10;  // a later chunk of a stream
+  const json legacy = json::parse(completion_response(false, {"c", 1, "m"}, {c}, {}));
+  const json& lp = legacy["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({" caf", "bytes:\\xc3", "bytes:\\xa9", "!"}));
+  EXPECT_EQ(lp["text_offset"], json({10, 14, 15, 15}));
+  EXPECT_TRUE(lp["top_logprobs"][0].contains("bytes:\\xc3"));
+  EXPECT_EQ(characters_in(" caf\xC3\xA9!"), 6);
+}
+
 TEST(OpenAIProtocol, StreamChunks) {
   const ResponseMeta meta{"chatcmpl-1", 7, "m"};
   ChoiceResult role;
