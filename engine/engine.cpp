@@ -276,8 +276,14 @@ void Engine::step() {
     const bool stopped = r->stops.stopped();
     r->stream->push(std::move(chunk));
     if (stopped) {
-      if (auto seq = scheduler_.finish(static_cast<paging::SeqId>(r->id), FinishReason::kStop, t)) {
+      const auto id = static_cast<paging::SeqId>(r->id);
+      if (auto seq = scheduler_.finish(id, FinishReason::kStop, t)) {
         finished.push_back(std::move(seq));
+      } else {
+        // The same token reached max_tokens, but the text ends at the stop string.
+        for (auto& done : finished) {
+          if (done->id == id) done->finish_reason = FinishReason::kStop;
+        }
       }
     }
   }

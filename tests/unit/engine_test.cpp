@@ -146,6 +146,32 @@ TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
   EXPECT_EQ(engine->stats().kv.used_blocks, 0);
 }
 
+// A stop string completed by the token that also reaches max_tokens: the text was cut at
+// the stop string, so the reason is "stop".
+TEST_F(EngineTest, StopStringOnTheLastAllowedTokenFinishesWithStop) {
+  auto engine = make_engine(64);
+  const std::vector<int32_t> prompt(12, 40);
+  const std::string full = engine->submit(greedy(prompt, 40)).stream->collect().text;
+  std::string before = engine->submit(greedy(prompt, 3)).stream->collect().text;
+  for (int32_t n = 4; n <= 40; ++n) {
+    const std::string text = engine->submit(greedy(prompt, n)).stream->collect().text;
+    // Token n adds text, and none of it is held back as an incomplete character.
+    if (text.size() > before.size() && full.compare(0, text.size(), text) == 0) {
+      GenerationRequest r = greedy(prompt, n);
+      r.params.stop = {text};
+      const GenerationChunk cut = engine->submit(r).stream->collect();
+      EXPECT_EQ(cut.finish_reason, FinishReason::kStop) << n;
+      EXPECT_EQ(cut.text, "");
+      EXPECT_EQ(cut.usage.completion_tokens, n);
+      EXPECT_EQ(engine->stats().finished_stop, 1);
+      EXPECT_EQ(engine->stats().kv.used_blocks, 0);
+      return;
+    }
+    before = text;
+  }
+  FAIL() << "no token added text: " << full;
+}
+
 TEST_F(EngineTest, SameSeedSameTokens) {
   auto engine = make_engine(64);
   GenerationRequest r = greedy(std::vector<int32_t>(10, 33), 20);
