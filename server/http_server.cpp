@@ -396,8 +396,15 @@ struct HttpServer::Impl {
         const int32_t index = static_cast<int32_t>(p) * r.params.n + i;
         if (r.params.seed) g.params.seed = *r.params.seed + static_cast<uint64_t>(i);
         if (!r.max_tokens_set) {
-          // Unset: as much as the context window leaves (at least 1, so that an
-          // over-long prompt gets the engine's message with both numbers).
+          if (static_cast<int64_t>(g.prompt.size()) >= max_model_len()) {
+            throw ApiException(invalid_request(
+                "this model's maximum context length is " + std::to_string(max_model_len()) +
+                    " tokens, and the prompt has " + std::to_string(g.prompt.size()) +
+                    ": no room is left for the completion",
+                r.chat ? "messages" : "prompt"));
+          }
+          // Unset: as much as the context window leaves (at least 1, so that a prompt
+          // over the KV pool gets the engine's message with both numbers).
           g.params.max_tokens =
               std::max<int32_t>(1, default_length_limit() - static_cast<int32_t>(g.prompt.size()));
         }

@@ -470,6 +470,16 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
                    json({{"prompt", std::vector<int>(2100, 5)}, {"max_tokens", 10}}).dump(), 400);
   EXPECT_NE(too_long["message"].get<std::string>().find("2048"), std::string::npos) << too_long;
   EXPECT_NE(too_long["message"].get<std::string>().find("2100"), std::string::npos) << too_long;
+  EXPECT_EQ(too_long["param"], "max_tokens");
+  // A chat request without max_tokens: the messages alone are at fault.
+  std::string words;
+  for (int i = 0; i < 3000; ++i)
+    words += " z";
+  const json prompt_only = expect_error(*client_, chat_path, chat(words).dump(), 400);
+  EXPECT_EQ(prompt_only["param"], "messages") << prompt_only;
+  EXPECT_NE(prompt_only["message"].get<std::string>().find("no room is left for the completion"),
+            std::string::npos)
+      << prompt_only;
   // Within the window but over the whole KV pool (64 blocks of 16).
   const json never =
       expect_error(*client_, "/v1/completions",
