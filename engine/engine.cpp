@@ -33,11 +33,11 @@ struct Engine::Request {
 
 namespace {
 
-// No penalties and no logprobs: the token is the argmax (greedy) or the sampling
+// No penalties, biases or logprobs: the token is the argmax (greedy) or the sampling
 // kernel's draw, which the backend computes where the logits are.
 bool plain_draw(const scheduler::SamplingParams& p) {
   return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && !p.logprobs && p.top_logprobs == 0;
+         p.frequency_penalty == 0.0f && p.logit_bias.empty() && !p.logprobs && p.top_logprobs == 0;
 }
 
 EngineConfig resolve(EngineConfig config, const ModelConfig& model) {
@@ -87,13 +87,19 @@ SubmitResult Engine::submit(GenerationRequest request) {
     result.message = check.message;
     return result;
   }
+  const int64_t vocab = backend_->config().vocab_size;
+  auto outside = [&](const char* what, int32_t id) {
+    result.status = scheduler::AddStatus::kInvalid;
+    result.message = std::string(what) + " token id " + std::to_string(id) +
+                     " is outside the vocabulary [0, " + std::to_string(vocab) + ")";
+    result.param = what;
+    return result;
+  };
   for (int32_t id : request.prompt) {
-    if (id < 0 || id >= backend_->config().vocab_size) {
-      result.status = scheduler::AddStatus::kInvalid;
-      result.message = "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                       std::to_string(backend_->config().vocab_size) + ")";
-      return result;
-    }
+    if (id < 0 || id >= vocab) return outside("prompt", id);
+  }
+  for (const auto& [id, bias] : request.params.logit_bias) {
+    if (id < 0 || id >= vocab) return outside("logit_bias", id);
   }
   if (!alive_) {
     result.status = scheduler::AddStatus::kInvalid;

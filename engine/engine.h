@@ -55,6 +55,7 @@ struct SubmitResult {
   std::shared_ptr<RequestStream> stream;  // null when refused
   scheduler::AddStatus status = scheduler::AddStatus::kAdded;
   std::string message;  // why it was refused
+  std::string param;    // the request field at fault, when one is
   bool ok() const { return stream != nullptr; }
 };
 

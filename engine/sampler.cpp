@@ -33,6 +33,9 @@ void Sampler::observe(int32_t token) {
 void Sampler::apply_penalties(std::vector<float>& logits) const {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
+  for (const auto& [t, bias] : params_.logit_bias) {
+    if (in_vocab(t)) logits[t] += bias;
+  }
   if (params_.repetition_penalty != 1.0f) {
     const float r = params_.repetition_penalty;
     auto penalize = [&](int32_t t) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pagellm::scheduler {
@@ -24,6 +25,9 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // Added to the logits of these token ids before anything else chooses (OpenAI's
+  // logit_bias, -100 to 100).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // Log-probabilities: of each chosen token, and of the `top_logprobs` most likely.
   bool logprobs = false;

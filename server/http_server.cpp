@@ -365,7 +365,7 @@ struct HttpServer::Impl {
       case AddStatus::kInvalid:
       default:
         if (!engine.alive()) return error_for_status(503, "the engine is not running");
-        return invalid_request(result.message, "prompt");
+        return invalid_request(result.message, result.param.empty() ? "prompt" : result.param);
     }
   }
 

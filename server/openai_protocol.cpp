@@ -113,6 +113,33 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
     p.repetition_penalty = float(*v);
   }
   if (auto v = int_field(body, "n", 1, kMaxChoices)) p.n = static_cast<int32_t>(*v);
+  if (const ordered_json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) fail("'logit_bias' must map token ids to numbers", "logit_bias");
+    for (auto it = v->begin(); it != v->end(); ++it) {
+      const std::string& key = it.key();
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          key.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stoll(key) > kMaxInt32) {
+        fail("'logit_bias' keys must be token ids, not '" + key + "'", "logit_bias");
+      }
+      if (!it.value().is_number() || !(std::fabs(it.value().get<double>()) <= 100.0)) {
+        fail("'logit_bias' values must be numbers from -100 to 100", "logit_bias");
+      }
+      p.logit_bias.emplace_back(static_cast<int32_t>(std::stoll(key)),
+                                static_cast<float>(it.value().get<double>()));
+    }
+  }
+  // Accepted only in the forms that ask for nothing this server does not do.
+  if (const ordered_json* v = field(body, "response_format")) {
+    const ordered_json* type = v->is_object() ? field(*v, "type") : nullptr;
+    if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
+      fail("only 'response_format' {\"type\": \"text\"} is supported (no structured output)",
+           "response_format");
+    }
+  }
+  if (auto v = int_field(body, "best_of", 1, kMaxChoices); v && *v != p.n) {
+    fail("'best_of' other than n is not supported", "best_of");
+  }
   if (const ordered_json* v = field(body, "stop")) {
     if (v->is_string()) {
       p.stop.push_back(v->get<std::string>());
@@ -411,6 +438,9 @@ CompletionRequest parse_completion_request(const std::string& body_text) {
   }
   if (auto v = bool_field(body, "echo"); v && *v) {
     fail("'echo' is not supported", "echo");
+  }
+  if (auto v = string_field(body, "suffix"); v && !v->empty()) {
+    fail("'suffix' is not supported", "suffix");
   }
   return r;
 }

@@ -446,6 +446,24 @@ TEST_F(Server, Logprobs) {
   }
 }
 
+// A bias of 100 makes its token the choice; a token id outside the vocabulary is refused.
+TEST_F(Server, LogitBiasSteersTheTokens) {
+  const json r = post_json(*client_, "/v1/completions",
+                           {{"prompt", {1, 2, 3}},
+                            {"max_tokens", 3},
+                            {"temperature", 0.7},
+                            {"ignore_eos", true},
+                            {"logit_bias", {{"300", 100}}}});
+  auto res =
+      client_->Post("/detokenize", json({{"tokens", {300, 300, 300}}}).dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(r["choices"][0]["text"], json::parse(res->body)["prompt"]) << r;
+  const json bad =
+      expect_error(*client_, "/v1/completions",
+                   json({{"prompt", {1, 2}}, {"logit_bias", {{"99999999", 1}}}}).dump(), 400);
+  EXPECT_EQ(bad["param"], "logit_bias") << bad;
+}
+
 TEST_F(Server, BadRequestsGetOpenAIErrors) {
   const std::string chat_path = "/v1/chat/completions";
   EXPECT_EQ(expect_error(*client_, chat_path, "{not json", 400)["type"], "invalid_request_error");

@@ -130,6 +130,29 @@ TEST(OpenAIProtocol, RefusesBadChatRequests) {
   EXPECT_NE(e.message.find("temperature"), std::string::npos) << e.message;
 }
 
+// logit_bias maps token ids to biases; options this server cannot honour are refused
+// rather than ignored, except in the forms that ask for nothing.
+TEST(OpenAIProtocol, LogitBiasAndUnsupportedOptions) {
+  const CompletionRequest r =
+      parse_chat_request(chat_with(R"("logit_bias": {"5": 10, "7": -100})"));
+  EXPECT_EQ(r.params.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{5, 10.0f}, {7, -100.0f}}));
+  EXPECT_EQ(chat_error(chat_with(R"("logit_bias": {"x": 1})")).param, "logit_bias");
+  EXPECT_EQ(chat_error(chat_with(R"("logit_bias": {"-1": 1})")).param, "logit_bias");
+  EXPECT_EQ(chat_error(chat_with(R"("logit_bias": {"5": 101})")).param, "logit_bias");
+  EXPECT_EQ(chat_error(chat_with(R"("logit_bias": {"5": "1"})")).param, "logit_bias");
+  EXPECT_EQ(chat_error(chat_with(R"("logit_bias": [1])")).param, "logit_bias");
+  EXPECT_TRUE(parse_chat_request(chat_with(R"("logit_bias": {})")).params.logit_bias.empty());
+
+  parse_chat_request(chat_with(R"("response_format": {"type": "text"}, "best_of": 1)"));
+  EXPECT_EQ(chat_error(chat_with(R"("response_format": {"type": "json_object"})")).param,
+            "response_format");
+  EXPECT_EQ(chat_error(chat_with(R"("response_format": "json")")).param, "response_format");
+  EXPECT_EQ(chat_error(chat_with(R"("best_of": 3)")).param, "best_of");
+  parse_completion_request(R"({"prompt": "x", "n": 2, "best_of": 2, "suffix": ""})");
+  EXPECT_EQ(completion_error(R"({"prompt": "x", "suffix": " end"})").param, "suffix");
+}
+
 TEST(OpenAIProtocol, ParsesEveryPromptShape) {
   auto prompts = [](const std::string& prompt) {
     return parse_completion_request(R"({"prompt": )" + prompt + "}").prompts;

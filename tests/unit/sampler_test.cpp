@@ -137,6 +137,20 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesCountOutputTokens) {
   EXPECT_EQ(pres.sample(logits).token, 0);  // both seen once: 0.5 vs -0.5
 }
 
+TEST(Sampler, LogitBiasIsAddedBeforeChoosing) {
+  SamplingParams p = greedy();
+  p.logit_bias = {{0, 5.0f}, {2, -100.0f}, {99, 100.0f}};  // 99: outside, ignored
+  Sampler s(p, {}, 0);
+  EXPECT_EQ(s.sample(std::vector<float>{1.0f, 2.0f, 3.0f}).token, 0);  // 6 > 2 > -97
+  SamplingParams q;
+  q.temperature = 1.0f;
+  q.seed = 3;
+  q.logit_bias = {{1, -100.0f}};
+  Sampler draws(q, {}, 0);
+  for (int i = 0; i < 200; ++i)
+    EXPECT_NE(draws.sample(std::vector<float>{0.0f, 0.0f}).token, 1);
+}
+
 TEST(Sampler, LogprobsAreTheModelsLogSoftmax) {
   SamplingParams p = greedy();
   p.logprobs = true;
