@@ -133,7 +133,7 @@ WorkloadOptions warmup_workload(const WorkloadOptions& run, int count) {
 
 bool warmup_repeats_run_prompts(const WorkloadOptions& run, int count) {
   const size_t size = run.dataset_prompts.size();
-  return count > 0 && size > 0 && static_cast<size_t>(std::max(run.num_requests, 0)) + count > size;
+  return count > 0 && size > 0 && static_cast<size_t>(std::max(run.num_requests, 0)) >= size;
 }
 
 std::vector<double> arrival_times(int count, double rate, double burstiness, uint64_t seed) {

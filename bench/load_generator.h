@@ -61,7 +61,8 @@ uint64_t stream_seed(uint64_t seed, uint64_t stream);
 WorkloadOptions warmup_workload(const WorkloadOptions& run, int count);
 
 // Whether `count` warm-up requests must send prompts the run sends too, which the run then
-// finds in the server's prefix cache: a dataset with fewer prompts than the two together.
+// finds in the server's prefix cache: a dataset the run uses whole. (With fewer unused
+// prompts than warm-up requests, the warm-up repeats its own.)
 bool warmup_repeats_run_prompts(const WorkloadOptions& run, int count);
 
 // The "prompt" field of every line of a JSONL file. Throws std::runtime_error naming the

@@ -306,7 +306,7 @@ std::string IncrementalDetokenizer::token_bytes(TokenId id) const {
   std::string out;
   switch (s.join) {
     case State::Join::kSpaced:
-      return *token;
+      return " " + *token;  // joined with a space after the first token
     case State::Join::kByteLevel:
       if (!byte_level::decode(*token, out)) out = *token;  // an added token's text
       return out;

@@ -49,7 +49,9 @@ class IncrementalDetokenizer {
 
   // The bytes token `id` adds to a text after its first token, on its own: what logprobs
   // report for it. A SentencePiece word keeps its leading space, and a token holding part
-  // of a character gives only those bytes (not valid UTF-8 alone). Changes no state.
+  // of a character gives only those bytes (not valid UTF-8 alone). For the rare decoders
+  // that cannot be streamed token by token (see the .cpp), the token decoded alone.
+  // Changes no state.
   std::string token_bytes(TokenId id) const;
 
  private:

@@ -198,6 +198,7 @@ std::optional<Llama3RopeScaling> read_llama3_scaling(const FieldReader& sub,
 // rope_parameters object (transformers 5), which wins when a config has both.
 void read_rope(const FieldReader& fields, const std::string& origin, ModelConfig& out) {
   out.rope_theta = fields.number_or("rope_theta", 10000.0);
+  if (!(out.rope_theta > 0)) fields.fail("rope_theta", "must be positive");
   if (const json* scaling = fields.find("rope_scaling")) {
     if (!scaling->is_object()) {
       fields.fail("rope_scaling",
@@ -219,6 +220,7 @@ void read_rope(const FieldReader& fields, const std::string& origin, ModelConfig
     }
     const FieldReader sub(*params, origin, "rope_parameters.");
     out.rope_theta = sub.number_or("rope_theta", out.rope_theta);
+    if (!(out.rope_theta > 0)) sub.fail("rope_theta", "must be positive");
     const double partial = sub.number_or("partial_rotary_factor", 1.0);
     if (partial != 1.0) {
       sub.fail("partial_rotary_factor",
@@ -227,7 +229,6 @@ void read_rope(const FieldReader& fields, const std::string& origin, ModelConfig
     }
     out.rope_scaling = read_llama3_scaling(sub, fields, "rope_parameters", false);
   }
-  if (!(out.rope_theta > 0)) fields.fail("rope_theta", "must be positive");
 }
 
 // eos_token_id: one id or a list, each inside the vocabulary.

@@ -109,7 +109,8 @@ int run_bench(Args args) {
     }
     if (auto v = reader.option("--timeout")) {
       o.timeout_s = parse_number("--timeout", *v);
-      if (!(o.timeout_s > 0)) throw UsageError("--timeout must be above 0");
+      if (!(o.timeout_s > 0) || !(o.timeout_s <= 1e6))
+        throw UsageError("--timeout must be above 0 and at most 1000000 seconds");
     }
     if (auto v = reader.option("--endpoint")) {
       if (*v == "completions")

@@ -385,6 +385,17 @@ struct HttpServer::Impl {
     }
     if (draining) throw ApiException(error_for_status(503, "the server is shutting down"));
     const auto prompts = prompt_tokens(r);
+    // A prompt that fills the context is at fault whatever max_tokens asks for; checked
+    // before anything is submitted.
+    for (const auto& prompt : prompts) {
+      if (static_cast<int64_t>(prompt.size()) >= max_model_len()) {
+        throw ApiException(invalid_request(
+            "this model's maximum context length is " + std::to_string(max_model_len()) +
+                " tokens, and the prompt has " + std::to_string(prompt.size()) +
+                ": no room is left for the completion",
+            r.chat ? "messages" : "prompt"));
+      }
+    }
 
     std::vector<Choice> choices;
     for (size_t p = 0; p < prompts.size(); ++p) {
@@ -396,13 +407,6 @@ struct HttpServer::Impl {
         const int32_t index = static_cast<int32_t>(p) * r.params.n + i;
         if (r.params.seed) g.params.seed = *r.params.seed + static_cast<uint64_t>(i);
         if (!r.max_tokens_set) {
-          if (static_cast<int64_t>(g.prompt.size()) >= max_model_len()) {
-            throw ApiException(invalid_request(
-                "this model's maximum context length is " + std::to_string(max_model_len()) +
-                    " tokens, and the prompt has " + std::to_string(g.prompt.size()) +
-                    ": no room is left for the completion",
-                r.chat ? "messages" : "prompt"));
-          }
           // Unset: as much as the context window leaves (at least 1, so that a prompt
           // over the KV pool gets the engine's message with both numbers).
           g.params.max_tokens =

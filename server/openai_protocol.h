@@ -109,11 +109,11 @@ struct ResponseMeta {
 std::string completion_response(bool chat, const ResponseMeta& meta,
                                 const std::vector<ChoiceResult>& choices, const UsageResult& usage);
 
-// One SSE data payload: a chunk with one choice. Chat chunks with `role_delta` carry
-// delta.role = "assistant".
 // Characters that a token's raw bytes add to a text: completions' text_offset counts them.
 int64_t characters_in(const std::string& bytes);
 
+// One SSE data payload: a chunk with one choice. Chat chunks with `role_delta` carry
+// delta.role = "assistant".
 std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult& choice,
                          bool role_delta);
 // The final usage chunk of stream_options.include_usage (choices empty).

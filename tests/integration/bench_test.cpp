@@ -188,11 +188,13 @@ TEST(BenchTest, UsageErrorsExitTwo) {
                               output),
             2)
       << output;
-  EXPECT_EQ(
-      test::run_command(std::string(PAGELLM_BINARY) + " bench --url http://127.0.0.1:1 --timeout 0",
-                        output),
-      2)
-      << output;
+  for (const char* timeout : {"0", "inf", "nan"}) {
+    EXPECT_EQ(test::run_command(std::string(PAGELLM_BINARY) +
+                                    " bench --url http://127.0.0.1:1 --timeout " + timeout,
+                                output),
+              2)
+        << timeout << ": " << output;
+  }
   // Random-prompt shapes do not combine with a dataset (checked before it is read).
   EXPECT_EQ(test::run_command(std::string(PAGELLM_BINARY) +
                                   " bench --url http://127.0.0.1:1 --dataset /nonexistent.jsonl "

@@ -488,7 +488,13 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
                    json({{"prompt", std::vector<int>(2100, 5)}, {"max_tokens", 10}}).dump(), 400);
   EXPECT_NE(too_long["message"].get<std::string>().find("2048"), std::string::npos) << too_long;
   EXPECT_NE(too_long["message"].get<std::string>().find("2100"), std::string::npos) << too_long;
-  EXPECT_EQ(too_long["param"], "max_tokens");
+  EXPECT_EQ(too_long["param"], "prompt");
+  // A prompt that fits, with too many tokens asked for: max_tokens is at fault.
+  const json too_many =
+      expect_error(*client_, "/v1/completions",
+                   json({{"prompt", std::vector<int>(2000, 5)}, {"max_tokens", 100}}).dump(), 400);
+  EXPECT_EQ(too_many["param"], "max_tokens") << too_many;
+  EXPECT_NE(too_many["message"].get<std::string>().find("2100"), std::string::npos) << too_many;
   // A chat request without max_tokens: the messages alone are at fault.
   std::string words;
   for (int i = 0; i < 3000; ++i)

@@ -359,6 +359,8 @@ TEST(ModelConfig, RopeParametersAsTransformers5WritesThem) {
                               {"sliding_attention", {{"rope_theta", 1e4}}}};
   EXPECT_THAT(error_of(plain.dump()),
               AllOf(HasSubstr("'rope_parameters'"), HasSubstr("per layer type")));
+  plain["rope_parameters"] = {{"rope_theta", -1.0}};
+  EXPECT_THAT(error_of(plain.dump()), HasSubstr("'rope_parameters.rope_theta'"));
   plain["rope_parameters"] = 7;
   EXPECT_THAT(error_of(plain.dump()), HasSubstr("'rope_parameters'"));
 }
