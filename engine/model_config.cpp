@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -251,6 +252,26 @@ std::vector<int64_t> read_eos(const FieldReader& fields, int64_t vocab_size) {
   return ids;
 }
 
+GenerationDefaults read_generation_defaults(const FieldReader& fields) {
+  GenerationDefaults d;
+  auto number = [&](const char* key, double lo, double hi, bool open_lo) -> std::optional<double> {
+    const json* v = fields.find(key);
+    if (!v) return std::nullopt;
+    const double x = fields.as_number(key, *v);
+    if (!(open_lo ? x > lo : x >= lo) || !(x <= hi)) {
+      fields.fail(key, "is " + FieldReader::describe(*v) + ", outside " + (open_lo ? "(" : "[") +
+                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return x;
+  };
+  d.temperature = number("temperature", 0.0, 100.0, false);
+  d.top_p = number("top_p", 0.0, 1.0, true);
+  d.min_p = number("min_p", 0.0, 1.0, false);
+  d.repetition_penalty = number("repetition_penalty", 0.0, 100.0, true);
+  d.top_k = fields.optional_integer("top_k");
+  return d;
+}
+
 // Qwen2/Qwen3 keep a sliding_window value even when it is off; with use_sliding_window,
 // layers from max_window_layers on use it (transformers' layer_types rule).
 int64_t read_qwen_sliding_window(const FieldReader& fields, int64_t num_layers) {
@@ -277,6 +298,25 @@ const char* architecture_name(Architecture a) {
     if (entry.architecture == a) return entry.class_name;
   }
   return "?";
+}
+
+std::string GenerationDefaults::describe() const {
+  std::string out;
+  auto add = [&](const char* name, const std::string& value) {
+    if (!out.empty()) out += ", ";
+    out += std::string(name) + " " + value;
+  };
+  auto text = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  if (temperature) add("temperature", text(*temperature));
+  if (top_p) add("top_p", text(*top_p));
+  if (top_k) add("top_k", std::to_string(*top_k));
+  if (min_p) add("min_p", text(*min_p));
+  if (repetition_penalty) add("repetition_penalty", text(*repetition_penalty));
+  return out;
 }
 
 int64_t ModelConfig::kv_bytes_per_token(kernels::DType cache_dtype) const {
@@ -395,6 +435,7 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
       throw ConfigError(generation.string() + ": expected a JSON object at the top level");
     }
     const FieldReader fields(g, generation.string());
+    config.generation_defaults = read_generation_defaults(fields);
     for (int64_t id : read_eos(fields, config.vocab_size)) {
       if (std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) ==
           config.eos_token_ids.end()) {

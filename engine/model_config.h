@@ -29,6 +29,19 @@ struct Llama3RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// The sampling parameters a model folder's generation_config.json sets, which serving
+// takes as the defaults of requests that leave them out.
+struct GenerationDefaults {
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int64_t> top_k;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
+
+  bool empty() const { return !temperature && !top_p && !top_k && !min_p && !repetition_penalty; }
+  std::string describe() const;  // "temperature 0.6, top_p 0.9"
+};
+
 struct ModelConfig {
   Architecture architecture = Architecture::kLlama;
   int64_t vocab_size = 0;
@@ -51,7 +64,8 @@ struct ModelConfig {
   kernels::DType dtype = kernels::DType::kBF16;
   bool dtype_given = false;  // config.json has torch_dtype (or dtype)
   std::optional<int64_t> bos_token_id;
-  std::vector<int64_t> eos_token_ids;  // eos_token_id: one id or a list
+  std::vector<int64_t> eos_token_ids;      // eos_token_id: one id or a list
+  GenerationDefaults generation_defaults;  // from generation_config.json
 
   // KV cache bytes for one token over all layers: 2 (K and V) x layers x KV heads x
   // head_dim x bytes per number.
@@ -62,8 +76,8 @@ struct ModelConfig {
 // and the field: unsupported architecture, missing or ill-typed field, inconsistent
 // head counts.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& origin);
-// config.json of `model_dir`, with the eos_token_id of generation_config.json (when the
-// directory has one) added to the stop ids.
+// config.json of `model_dir`; when the directory has a generation_config.json, its
+// eos_token_id joins the stop ids and its sampling parameters fill generation_defaults.
 ModelConfig load_model_config(const std::filesystem::path& model_dir);
 
 // RoPE inverse frequencies [head_dim / 2]: 1 / theta^(2i / head_dim), with llama3

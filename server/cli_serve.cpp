@@ -61,6 +61,9 @@ constexpr const char* kUsage =
     "                              /dashboard stay open)\n"
     "  --served-model-name NAME    the model id clients use (default: the folder name)\n"
     "  --chat-template FILE        Jinja chat template instead of the model's own\n"
+    "  --generation-config G       auto (default): sampling parameters a request leaves\n"
+    "                              out come from the model's generation_config.json, as\n"
+    "                              in vLLM; none: OpenAI's defaults (temperature 1, ...)\n"
     "  --log-level LEVEL           trace, debug, info (default), warn, error\n"
     "  --shutdown-timeout S        seconds requests in flight get to finish after\n"
     "                              SIGINT/SIGTERM before they are aborted (default 30)\n";
@@ -81,6 +84,7 @@ const std::vector<std::string> kOptions = {"--model",
                                            "--api-key",
                                            "--served-model-name",
                                            "--chat-template",
+                                           "--generation-config",
                                            "--log-level",
                                            "--shutdown-timeout"};
 
@@ -100,6 +104,7 @@ struct ServeOptions {
   std::string api_key;
   std::string served_model_name;
   std::string chat_template;
+  std::string generation_config = "auto";
   std::string log_level = "info";
   double shutdown_timeout = 30;
 };
@@ -195,6 +200,12 @@ ServeOptions parse_options(const ArgReader& reader) {
   }
   if (auto v = get("--served-model-name")) o.served_model_name = *v;
   if (auto v = get("--chat-template")) o.chat_template = *v;
+  if (auto v = get("--generation-config")) {
+    if (*v != "auto" && *v != "none") {
+      throw UsageError("--generation-config must be auto or none, not '" + *v + "'");
+    }
+    o.generation_config = *v;
+  }
   if (auto v = get("--log-level")) o.log_level = *v;
   if (auto v = get("--shutdown-timeout")) {
     o.shutdown_timeout = static_cast<double>(parse_int("--shutdown-timeout", *v, 0, 24 * 3600));
@@ -349,6 +360,24 @@ int run_serve(Args args) {
     http_options.served_model_name =
         !o.served_model_name.empty() ? o.served_model_name : folder.filename().string();
     if (!o.chat_template.empty()) http_options.chat_template = o.chat_template;
+    const engine::GenerationDefaults& defaults = engine->model_config().generation_defaults;
+    if (o.generation_config == "auto" && !defaults.empty()) {
+      scheduler::SamplingParams& p = http_options.sampling_defaults;
+      if (defaults.temperature) p.temperature = static_cast<float>(*defaults.temperature);
+      if (defaults.top_p) p.top_p = static_cast<float>(*defaults.top_p);
+      if (defaults.top_k) {
+        p.top_k = static_cast<int32_t>(
+            std::clamp<int64_t>(*defaults.top_k, 0, std::numeric_limits<int32_t>::max()));
+      }
+      if (defaults.min_p) p.min_p = static_cast<float>(*defaults.min_p);
+      if (defaults.repetition_penalty) {
+        p.repetition_penalty = static_cast<float>(*defaults.repetition_penalty);
+      }
+      spdlog::info(
+          "sampling defaults from generation_config.json: {} (--generation-config none "
+          "leaves them out)",
+          defaults.describe());
+    }
     // Every request in flight holds a connection thread while it waits or streams.
     http_options.threads = std::max(128, o.max_num_seqs + 64);
     http = std::make_unique<server::HttpServer>(*engine, tokenizer, http_options);

@@ -283,10 +283,11 @@ struct HttpServer::Impl {
               }));
     http.Post("/v1/chat/completions",
               wrap(true, "chatcmpl-", [this](auto& req, auto& res, auto& log) {
-                generate(parse_chat_request(req.body), req, res, log);
+                generate(parse_chat_request(req.body, options.sampling_defaults), req, res, log);
               }));
     http.Post("/v1/completions", wrap(true, "cmpl-", [this](auto& req, auto& res, auto& log) {
-                generate(parse_completion_request(req.body), req, res, log);
+                generate(parse_completion_request(req.body, options.sampling_defaults), req, res,
+                         log);
               }));
 
     // Unknown routes and httplib's own refusals (413) get an OpenAI-shaped body too.

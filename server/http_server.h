@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "scheduler/sampling_params.h"
+
 namespace pagellm::engine {
 class Engine;
 class Tokenizer;
@@ -23,6 +25,8 @@ struct HttpServerOptions {
   std::string served_model_name;
   std::filesystem::path model_dir;
   std::optional<std::filesystem::path> chat_template;  // overrides the model's
+  // What requests that leave a sampling parameter out get (see GenerationDefaults).
+  scheduler::SamplingParams sampling_defaults;
   size_t max_body_bytes = size_t(32) << 20;
   int threads = 128;  // connections served at once (each stream holds one)
 };

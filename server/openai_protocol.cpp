@@ -390,9 +390,11 @@ std::string error_body(const ApiError& error) {
   return dump({{"error", std::move(e)}});
 }
 
-CompletionRequest parse_chat_request(const std::string& body_text) {
+CompletionRequest parse_chat_request(const std::string& body_text,
+                                     const scheduler::SamplingParams& defaults) {
   const ordered_json body = parse_body(body_text);
   CompletionRequest r;
+  r.params = defaults;
   r.chat = true;
   auto messages = body.find("messages");
   if (messages == body.end() || messages->is_null()) fail("'messages' is required", "messages");
@@ -422,9 +424,11 @@ CompletionRequest parse_chat_request(const std::string& body_text) {
   return r;
 }
 
-CompletionRequest parse_completion_request(const std::string& body_text) {
+CompletionRequest parse_completion_request(const std::string& body_text,
+                                           const scheduler::SamplingParams& defaults) {
   const ordered_json body = parse_body(body_text);
   CompletionRequest r;
+  r.params = defaults;
   r.prompts = parse_prompts(body);
   parse_common(body, r);
   if (!r.max_tokens_set) {

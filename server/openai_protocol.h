@@ -66,8 +66,12 @@ struct CompletionRequest {
 };
 
 // Parse and validate a body. Throws ApiException (status 400) with the parameter at fault.
-CompletionRequest parse_chat_request(const std::string& body);
-CompletionRequest parse_completion_request(const std::string& body);
+// Sampling parameters the body leaves out keep their values in `defaults` (the model's
+// generation_config.json, when serving takes it).
+CompletionRequest parse_chat_request(const std::string& body,
+                                     const scheduler::SamplingParams& defaults = {});
+CompletionRequest parse_completion_request(const std::string& body,
+                                           const scheduler::SamplingParams& defaults = {});
 
 // Maximum n accepted; each choice is a sequence of its own.
 constexpr int32_t kMaxChoices = 16;

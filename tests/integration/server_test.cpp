@@ -646,6 +646,43 @@ TEST(ServerProcess, ModelWithoutChatTemplateAndTemplateFromAFile) {
   std::filesystem::remove_all(dir);
 }
 
+// With a generation_config.json that sets temperature 0, requests without a temperature
+// are greedy (the same text every time); --generation-config none leaves that out.
+TEST(ServerProcess, GenerationConfigSetsSamplingDefaults) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("pagellm_server_test_gencfg_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(test::tiny_demo_model(), dir);
+  json gen = json::parse(test::read_text_file(dir / "generation_config.json"));
+  gen["temperature"] = 0.0;
+  gen["top_p"] = 0.9;
+  std::ofstream(dir / "generation_config.json") << gen.dump();
+  const json body = {{"prompt", "hello"}, {"max_tokens", 24}, {"ignore_eos", true}};
+  {
+    ServerProcess server({}, dir);
+    ASSERT_GT(server.port(), 0) << server.log();
+    EXPECT_NE(server.log().find("sampling defaults from generation_config.json: temperature 0, "
+                                "top_p 0.9"),
+              std::string::npos)
+        << server.log();
+    httplib::Client client = server.client(false);
+    const json a = post_json(client, "/v1/completions", body);
+    const json b = post_json(client, "/v1/completions", body);
+    EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+  }
+  {
+    ServerProcess server({"--generation-config", "none"}, dir);
+    ASSERT_GT(server.port(), 0) << server.log();
+    EXPECT_EQ(server.log().find("sampling defaults"), std::string::npos) << server.log();
+    // Temperature 1 over a random model: 24 tokens drawn twice do not all agree.
+    httplib::Client client = server.client(false);
+    const json a = post_json(client, "/v1/completions", body);
+    const json b = post_json(client, "/v1/completions", body);
+    EXPECT_NE(a["choices"][0]["text"], b["choices"][0]["text"]);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
   ServerProcess server({"--max-waiting", "0"});
   ASSERT_GT(server.port(), 0) << server.log();
@@ -721,13 +758,14 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
   for (const char* flag :
        {"--model", "--config", "--host", "--port", "--num-kv-blocks", "--kv-cache-bytes",
         "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--max-waiting",
-        "--api-key", "--served-model-name", "--chat-template", "--log-level", "--shutdown-timeout",
-        "--backend", "--scheduling-policy", "--gpu-memory-utilization"}) {
+        "--api-key", "--served-model-name", "--chat-template", "--generation-config", "--log-level",
+        "--shutdown-timeout", "--backend", "--scheduling-policy", "--gpu-memory-utilization"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
-  for (const char* args : {"--backend tpu", "--port x", "--config /nonexistent.json",
-                           "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
-                           "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x"}) {
+  for (const char* args :
+       {"--backend tpu", "--port x", "--config /nonexistent.json",
+        "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
+        "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x", "--generation-config vllm"}) {
     const std::string bad = std::string("'") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
     const int status = std::system(bad.c_str());
     EXPECT_EQ(WEXITSTATUS(status), 2) << args;

@@ -441,6 +441,7 @@ TEST(ModelConfig, LoadAddsGenerationConfigEosTokens) {
   EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int64_t>{2, 5}));
   std::ofstream(dir / "generation_config.json") << R"({"temperature": 0.6})";
   EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int64_t>{2}));
+  EXPECT_EQ(load_model_config(dir).generation_defaults.describe(), "temperature 0.6");
   std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 40000})";
   try {
     load_model_config(dir);
@@ -451,6 +452,32 @@ TEST(ModelConfig, LoadAddsGenerationConfigEosTokens) {
   }
   std::ofstream(dir / "generation_config.json") << "{not json";
   EXPECT_THROW(load_model_config(dir), ConfigError);
+  std::filesystem::remove_all(dir);
+}
+
+// Sampling parameters of generation_config.json (Qwen2.5 Instruct's, for example) become
+// the serving defaults; out-of-range values are errors naming the file.
+TEST(ModelConfig, LoadReadsGenerationConfigSamplingDefaults) {
+  const auto dir = std::filesystem::temp_directory_path() / "pagellm_generation_defaults_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << kTinyLlama;
+  EXPECT_TRUE(load_model_config(dir).generation_defaults.empty());
+  std::ofstream(dir / "generation_config.json")
+      << R"({"do_sample": true, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+             "repetition_penalty": 1.05, "eos_token_id": [2]})";
+  const GenerationDefaults d = load_model_config(dir).generation_defaults;
+  EXPECT_EQ(d.temperature, 0.7);
+  EXPECT_EQ(d.top_p, 0.8);
+  EXPECT_EQ(d.top_k, 20);
+  EXPECT_FALSE(d.min_p.has_value());
+  EXPECT_EQ(d.repetition_penalty, 1.05);
+  EXPECT_EQ(d.describe(), "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05");
+  for (const char* bad :
+       {R"({"top_p": 0})", R"({"temperature": -1})", R"({"top_k": 2.5})", R"({"min_p": "0.1"})"}) {
+    std::ofstream(dir / "generation_config.json") << bad;
+    EXPECT_THROW(load_model_config(dir), ConfigError) << bad;
+  }
   std::filesystem::remove_all(dir);
 }
 

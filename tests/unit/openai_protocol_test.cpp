@@ -153,6 +153,24 @@ TEST(OpenAIProtocol, LogitBiasAndUnsupportedOptions) {
   EXPECT_EQ(completion_error(R"({"prompt": "x", "suffix": " end"})").param, "suffix");
 }
 
+// Parameters a body leaves out keep the serving defaults; those it gives replace them.
+TEST(OpenAIProtocol, ServingDefaultsFillWhatTheBodyLeavesOut) {
+  scheduler::SamplingParams defaults;
+  defaults.temperature = 0.6f;
+  defaults.top_p = 0.9f;
+  defaults.top_k = 20;
+  const CompletionRequest r = parse_chat_request(chat_with(R"("top_p": 0.5)"), defaults);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(r.params.top_p, 0.5f);
+  EXPECT_EQ(r.params.top_k, 20);
+  const CompletionRequest c =
+      parse_completion_request(R"({"prompt": "x", "temperature": 0})", defaults);
+  EXPECT_FLOAT_EQ(c.params.temperature, 0.0f);
+  EXPECT_EQ(c.params.top_k, 20);
+  EXPECT_EQ(c.params.max_tokens, 16);
+  EXPECT_FLOAT_EQ(parse_chat_request(chat_with("")).params.temperature, 1.0f);
+}
+
 TEST(OpenAIProtocol, ParsesEveryPromptShape) {
   auto prompts = [](const std::string& prompt) {
     return parse_completion_request(R"({"prompt": )" + prompt + "}").prompts;
