@@ -22,16 +22,21 @@ build: configure
 test: build
 	@ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
-# The CPU build and every test under AddressSanitizer and UBSan (build-asan/, about
-# 20 minutes on 2 cores); the servers the integration tests start run sanitized too.
-SANITIZE_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-sanitize: bootstrap
-	@if [ ! -f build-asan/build.ninja ]; then \
-	  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGELLM_CUDA=OFF \
-	    -DPAGELLM_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="$(SANITIZE_FLAGS)" \
-	    -DCMAKE_EXE_LINKER_FLAGS="$(SANITIZE_FLAGS)"; \
+# $(call sanitized_build,DIR,FLAGS): the CPU build (no CUDA, no benchmarks) in DIR with
+# FLAGS on every compile and link, configured on first use.
+define sanitized_build
+	@if [ ! -f $(1)/build.ninja ]; then \
+	  cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGELLM_CUDA=OFF \
+	    -DPAGELLM_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="$(2)" -DCMAKE_EXE_LINKER_FLAGS="$(2)"; \
 	fi
-	@cmake --build build-asan -j $(JOBS)
+	@cmake --build $(1) -j $(JOBS)
+endef
+
+# Every CPU test under AddressSanitizer and UBSan (build-asan/, about 20 minutes on 2
+# cores); the servers the integration tests start run sanitized too.
+ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+sanitize: bootstrap
+	$(call sanitized_build,build-asan,$(ASAN_FLAGS))
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
@@ -39,15 +44,10 @@ sanitize: bootstrap
 # runs on one thread, and the three tests that start OpenMP teams of their own are left
 # out (their barriers are invisible to TSan); tests/tsan.supp holds what is reported
 # from inside the uninstrumented cpp-httplib.
-TSAN_FLAGS = -fsanitize=thread -fno-omit-frame-pointer
 TSAN_SKIPPED = CpuMatmul.ThreadCountDoesNotChangeResults|CpuMatmul.CallsFromInsideAParallelRegionComputeEveryOutput|CpuAttention.DecodeMatchesReferenceAndGeneralKernel
+TSAN_FLAGS = -fsanitize=thread -fno-omit-frame-pointer
 tsan: bootstrap
-	@if [ ! -f build-tsan/build.ninja ]; then \
-	  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGELLM_CUDA=OFF \
-	    -DPAGELLM_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="$(TSAN_FLAGS)" \
-	    -DCMAKE_EXE_LINKER_FLAGS="$(TSAN_FLAGS)"; \
-	fi
-	@cmake --build build-tsan -j $(JOBS)
+	$(call sanitized_build,build-tsan,$(TSAN_FLAGS))
 	@OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -E '$(TSAN_SKIPPED)'
 

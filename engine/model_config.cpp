@@ -104,6 +104,18 @@ std::string read_file(const std::filesystem::path& path) {
   return text.str();
 }
 
+// The JSON object of a config file's text; errors name `origin`.
+json parse_object(const std::string& text, const std::string& origin) {
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(origin + ": not valid JSON: " + e.what());
+  }
+  if (!value.is_object()) throw ConfigError(origin + ": expected a JSON object at the top level");
+  return value;
+}
+
 struct ArchitectureName {
   const char* class_name;
   const char* model_type;
@@ -149,11 +161,12 @@ Architecture read_architecture(const json& config, const FieldReader& fields) {
                                 "', which is not supported (supported: " + supported_list() + ")");
 }
 
-kernels::DType read_dtype(const FieldReader& fields) {
+// nullopt when the config names no dtype.
+std::optional<kernels::DType> read_dtype(const FieldReader& fields) {
   // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
   const char* key = fields.find("torch_dtype") ? "torch_dtype" : "dtype";
   const std::optional<std::string> name = fields.optional_string(key);
-  if (!name) return kernels::DType::kF32;  // what transformers loads without one
+  if (!name) return std::nullopt;
   if (*name == "bfloat16") return kernels::DType::kBF16;
   if (*name == "float16" || *name == "half") return kernels::DType::kF16;
   if (*name == "float32" || *name == "float") return kernels::DType::kF32;
@@ -324,13 +337,7 @@ int64_t ModelConfig::kv_bytes_per_token(kernels::DType cache_dtype) const {
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& origin) {
-  json config;
-  try {
-    config = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw ConfigError(origin + ": not valid JSON: " + e.what());
-  }
-  if (!config.is_object()) throw ConfigError(origin + ": expected a JSON object at the top level");
+  const json config = parse_object(json_text, origin);
   const FieldReader fields(config, origin);
 
   ModelConfig out;
@@ -406,8 +413,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (*act != "silu") fields.fail("hidden_act", "is '" + *act + "'; only 'silu' is supported");
   }
 
-  out.dtype = read_dtype(fields);
-  out.dtype_given = fields.find("torch_dtype") != nullptr || fields.find("dtype") != nullptr;
+  const std::optional<kernels::DType> dtype = read_dtype(fields);
+  out.dtype = dtype.value_or(kernels::DType::kF32);  // what transformers loads without one
+  out.dtype_given = dtype.has_value();
   out.bos_token_id = fields.optional_integer("bos_token_id");
   out.eos_token_ids = read_eos(fields, out.vocab_size);
   if (out.bos_token_id && (*out.bos_token_id < 0 || *out.bos_token_id >= out.vocab_size)) {
@@ -425,15 +433,7 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   // (Llama 3 Instruct's <|eot_id|>): generation stops on those ids too.
   const std::filesystem::path generation = model_dir / "generation_config.json";
   if (std::filesystem::exists(generation)) {
-    json g;
-    try {
-      g = json::parse(read_file(generation));
-    } catch (const json::parse_error& e) {
-      throw ConfigError(generation.string() + ": not valid JSON: " + e.what());
-    }
-    if (!g.is_object()) {
-      throw ConfigError(generation.string() + ": expected a JSON object at the top level");
-    }
+    const json g = parse_object(read_file(generation), generation.string());
     const FieldReader fields(g, generation.string());
     config.generation_defaults = read_generation_defaults(fields);
     for (int64_t id : read_eos(fields, config.vocab_size)) {

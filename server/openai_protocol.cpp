@@ -117,15 +117,17 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
     if (!v->is_object()) fail("'logit_bias' must map token ids to numbers", "logit_bias");
     for (auto it = v->begin(); it != v->end(); ++it) {
       const std::string& key = it.key();
+      // At most 10 digits: stoll cannot overflow.
       const bool digits = !key.empty() && key.size() <= 10 &&
                           key.find_first_not_of("0123456789") == std::string::npos;
-      if (!digits || std::stoll(key) > kMaxInt32) {
+      const long long id = digits ? std::stoll(key) : -1;
+      if (id < 0 || id > kMaxInt32) {
         fail("'logit_bias' keys must be token ids, not '" + key + "'", "logit_bias");
       }
       if (!it.value().is_number() || !(std::fabs(it.value().get<double>()) <= 100.0)) {
         fail("'logit_bias' values must be numbers from -100 to 100", "logit_bias");
       }
-      p.logit_bias.emplace_back(static_cast<int32_t>(std::stoll(key)),
+      p.logit_bias.emplace_back(static_cast<int32_t>(id),
                                 static_cast<float>(it.value().get<double>()));
     }
   }
