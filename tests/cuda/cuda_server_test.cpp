@@ -30,14 +30,14 @@ json completion(httplib::Client& client, json body) {
 
 TEST(CudaServer, ServesCompletionsAndDrainsThePool) {
   PAGELLM_REQUIRE_GPU();
-  test::ServerProcess server(
-      {"--backend", "cuda", "--num-kv-blocks", "256", "--max-num-seqs", "32"});
+  test::ServerProcess server({"--backend", "cuda", "--num-kv-blocks", "256", "--max-num-seqs", "32",
+                              "--served-model-name", "tiny"});
   ASSERT_GT(server.port(), 0) << server.log();
   EXPECT_NE(server.log().find("backend cuda"), std::string::npos) << server.log();
   httplib::Client client = server.client();
 
   // Greedy, twice: the same text.
-  const json greedy = {{"model", "x"},
+  const json greedy = {{"model", "tiny"},
                        {"prompt", "The quick brown fox"},
                        {"max_tokens", 24},
                        {"temperature", 0},
