@@ -116,7 +116,8 @@ struct KVCacheLayer {
 };
 
 // Writes the new tokens' keys and values into their slots (converted to the cache's
-// dtype, round to nearest even). A negative slot means "do not store" (padding).
+// dtype, round to nearest even). A negative slot means "do not store" (padding); a slot
+// past the cache is skipped too (a caller bug, but never a write out of bounds).
 void write_kv(const float* k,        // [num_tokens, num_kv_heads, head_dim]
               const float* v,        // [num_tokens, num_kv_heads, head_dim]
               const int64_t* slots,  // [num_tokens]

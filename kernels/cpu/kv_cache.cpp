@@ -36,10 +36,11 @@ void write_kv(const float* k, const float* v, const int64_t* slots, int64_t num_
               const KVCacheLayer& cache) {
   const int64_t row = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
   const int64_t row_bytes = row * dtype_size(cache.dtype);
+  const int64_t num_slots = cache.num_blocks * kBlockSize;
 #pragma omp parallel for schedule(static) if (num_tokens > 1)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slots[t];
-    if (slot < 0) continue;
+    if (slot < 0 || slot >= num_slots) continue;
     store_row(k + t * row, row, cache.dtype, static_cast<char*>(cache.k) + slot * row_bytes);
     store_row(v + t * row, row, cache.dtype, static_cast<char*>(cache.v) + slot * row_bytes);
   }

@@ -433,14 +433,16 @@ TEST(CpuArgmax, FirstMaximumPerRow) {
 // ---------------------------------------------------------------------------------------
 // write_kv, copy_blocks
 
-TEST(CpuKvCache, WriteKvRoundsToNearestEvenAndSkipsNegativeSlots) {
+TEST(CpuKvCache, WriteKvRoundsToNearestEvenAndSkipsPaddingSlots) {
   for (DType t : kAllTypes) {
     const int kvh = 2, dim = 64;
     const int64_t num_blocks = 4, row = kvh * dim, esize = dtype_size(t);
-    std::vector<uint8_t> kc(num_blocks * kBlockSize * row * esize, 0xAB);
+    // One slot's worth of guard bytes past the cache: a slot past the cache is skipped,
+    // as on the GPU, not written there.
+    std::vector<uint8_t> kc((num_blocks * kBlockSize + 1) * row * esize, 0xAB);
     std::vector<uint8_t> vc(kc.size(), 0xCD);
     const KVCacheLayer cache{kc.data(), vc.data(), t, num_blocks, kvh, dim};
-    const std::vector<int64_t> slots = {5, -1, 63, 16, -7};
+    const std::vector<int64_t> slots = {5, -1, 63, 16, -7, num_blocks * kBlockSize};
     std::vector<float> k = random_floats(slots.size() * row, 1),
                        v = random_floats(slots.size() * row, 2);
     k[0] = 1.00390625f;  // halfway between two bf16 values: rounds to even
@@ -448,7 +450,7 @@ TEST(CpuKvCache, WriteKvRoundsToNearestEvenAndSkipsNegativeSlots) {
     write_kv(k.data(), v.data(), slots.data(), slots.size(), cache);
     std::vector<uint8_t> ek(kc.size(), 0xAB), ev(vc.size(), 0xCD);
     for (size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i] < 0) continue;
+      if (slots[i] < 0 || slots[i] >= num_blocks * kBlockSize) continue;
       const std::vector<float> krow(k.begin() + i * row, k.begin() + (i + 1) * row);
       const std::vector<float> vrow(v.begin() + i * row, v.begin() + (i + 1) * row);
       const std::vector<uint8_t> kb = encode(krow, t), vb = encode(vrow, t);
