@@ -1,7 +1,9 @@
 // Decode attention on the GPU (kernels::cuda::paged_attention_decode) against the device's
 // copy bandwidth: 32 query heads / 8 KV heads of 128, bf16 cache, bf16 output, at
 // batch x context 1 x 32768, 16 x 4096, 64 x 1024 and 256 x 2048.
-//   pagellm_cuda_attention_bench [--json FILE]
+//   pagellm_cuda_attention_bench [--shapes BxC,...] [--partitions P,...] [--json FILE]
+// --partitions: partition lengths to time each shape at (0: the kernel's own choice,
+// the default).
 // Bytes counted per launch: K and V of every context token, q (float32) and out (bf16);
 // GB/s = those bytes / the median launch time (>= 50 launches after warm-up, CUDA events
 // around each). The copy bandwidth is a 1 GiB device-to-device copy, bytes read plus
@@ -18,7 +20,9 @@
 #include <exception>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/cuda_bandwidth.h"
@@ -34,7 +38,7 @@ constexpr int64_t kMinRotationBytes = int64_t(1) << 30;
 constexpr int kWarmup = 10, kTimed = 100;
 
 struct Result {
-  int batch, context;
+  int batch, context, partition;
   double us, bytes, gbps, percent;
 };
 
@@ -55,7 +59,8 @@ struct Device {
   }
 };
 
-Result run_shape(int batch, int context, double copy_gbps, uint64_t seed) {
+Result run_shape(int batch, int context, int partition, double copy_gbps, uint64_t seed) {
+  if (partition == 0) partition = decode_partition_tokens(batch, kKVHeads, context);
   const int64_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t kv_bytes_per_copy =
       int64_t(batch) * blocks_per_seq * kBlockSize * kKVHeads * kHeadDim * dtype_size(kCache) * 2;
@@ -70,7 +75,8 @@ Result run_shape(int batch, int context, double copy_gbps, uint64_t seed) {
   const int64_t q_elems = int64_t(batch) * kQHeads * kHeadDim;
   Device q(q_elems * sizeof(float)), out(q_elems * dtype_size(kOut));
   fill_uniform(q.get(), DType::kF32, q_elems, 1.0f, seed + 2, nullptr);
-  Device ws(paged_attention_decode_workspace_bytes(batch, kQHeads, kHeadDim, context));
+  Device ws(paged_attention_decode_workspace_bytes(batch, kQHeads, kKVHeads, kHeadDim, context,
+                                                   partition));
 
   // Block tables of each copy: shuffled, distinct block ids.
   std::vector<int32_t> ids(num_blocks - 1);
@@ -97,7 +103,7 @@ Result run_shape(int batch, int context, double copy_gbps, uint64_t seed) {
                                 static_cast<int32_t>(blocks_per_seq),
                                 0};
     paged_attention_decode(q.get<float>(), cache, b, context, kQHeads, scale, ws.get(), out.get(),
-                           kOut, nullptr);
+                           kOut, nullptr, partition);
   };
 
   for (int i = 0; i < kWarmup; ++i)
@@ -123,7 +129,7 @@ Result run_shape(int batch, int context, double copy_gbps, uint64_t seed) {
   }
   std::sort(us.begin(), us.end());
 
-  Result r{batch, context, us[kTimed / 2], 0, 0, 0};
+  Result r{batch, context, partition, us[kTimed / 2], 0, 0, 0};
   r.bytes = double(batch) * context * kKVHeads * kHeadDim * dtype_size(kCache) * 2 +
             double(q_elems) * sizeof(float) + double(q_elems) * dtype_size(kOut);
   r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
@@ -131,14 +137,49 @@ Result run_shape(int batch, int context, double copy_gbps, uint64_t seed) {
   return r;
 }
 
+// "a,b,c" -> {"a", "b", "c"}.
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t end = std::min(text.find(',', pos), text.size());
+    items.push_back(text.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return items;
+}
+
+// "16x4096,64x1024" -> {{16, 4096}, {64, 1024}}.
+std::vector<std::pair<int, int>> parse_shapes(const std::string& text) {
+  std::vector<std::pair<int, int>> shapes;
+  for (const std::string& item : split_list(text)) {
+    int batch = 0, context = 0;
+    char x = 0, extra = 0;
+    if (std::sscanf(item.c_str(), "%d%c%d%c", &batch, &x, &context, &extra) != 3 || x != 'x' ||
+        batch <= 0 || context <= 0)
+      throw std::runtime_error("--shapes: '" + item + "' is not BATCHxCONTEXT");
+    shapes.emplace_back(batch, context);
+  }
+  return shapes;
+}
+
 int run(int argc, char** argv) {
   std::string json;
+  std::vector<std::pair<int, int>> shapes = {{1, 32768}, {16, 4096}, {64, 1024}, {256, 2048}};
+  std::vector<int> partitions = {0};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
+    } else if (a == "--shapes" && i + 1 < argc) {
+      shapes = parse_shapes(argv[++i]);
+    } else if (a == "--partitions" && i + 1 < argc) {
+      partitions.clear();
+      for (const std::string& item : split_list(argv[++i]))
+        partitions.push_back(std::stoi(item));
     } else {
-      std::fprintf(stderr, "usage: %s [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--shapes BxC,...] [--partitions P,...] [--json FILE]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -155,17 +196,19 @@ int run(int argc, char** argv) {
               copy_gbps);
   std::printf("decode attention: %d query / %d KV heads of %d, bf16 cache, bf16 out\n", kQHeads,
               kKVHeads, kHeadDim);
-  std::printf("%-14s %10s %12s %10s %10s\n", "batch x ctx", "us", "MB read", "GB/s", "% copy");
-  const int shapes[][2] = {{1, 32768}, {16, 4096}, {64, 1024}, {256, 2048}};
+  std::printf("%-14s %9s %10s %12s %10s %10s\n", "batch x ctx", "partition", "us", "MB read",
+              "GB/s", "% copy");
   std::vector<Result> results;
   uint64_t seed = 1;
-  for (const auto& s : shapes) {
-    const Result r = run_shape(s[0], s[1], copy_gbps, seed += 10);
-    results.push_back(r);
-    const std::string shape = std::to_string(r.batch) + " x " + std::to_string(r.context);
-    std::printf("%-14s %10.1f %12.1f %10.0f %9.1f%%\n", shape.c_str(), r.us, r.bytes / 1e6, r.gbps,
-                r.percent);
-    std::fflush(stdout);
+  for (const auto& [batch, context] : shapes) {
+    for (int partition : partitions) {
+      const Result r = run_shape(batch, context, partition, copy_gbps, seed += 10);
+      results.push_back(r);
+      const std::string shape = std::to_string(r.batch) + " x " + std::to_string(r.context);
+      std::printf("%-14s %9d %10.1f %12.1f %10.0f %9.1f%%\n", shape.c_str(), r.partition, r.us,
+                  r.bytes / 1e6, r.gbps, r.percent);
+      std::fflush(stdout);
+    }
   }
 
   if (!json.empty()) {
@@ -182,9 +225,9 @@ int run(int argc, char** argv) {
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(f,
-                   "    {\"batch\": %d, \"context\": %d, \"us\": %.2f, \"bytes\": %.0f, "
-                   "\"gbps\": %.1f, \"percent_of_copy\": %.1f}%s\n",
-                   r.batch, r.context, r.us, r.bytes, r.gbps, r.percent,
+                   "    {\"batch\": %d, \"context\": %d, \"partition_tokens\": %d, "
+                   "\"us\": %.2f, \"bytes\": %.0f, \"gbps\": %.1f, \"percent_of_copy\": %.1f}%s\n",
+                   r.batch, r.context, r.partition, r.us, r.bytes, r.gbps, r.percent,
                    i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");

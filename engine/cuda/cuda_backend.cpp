@@ -421,7 +421,8 @@ void CudaBackend::finish_setup() {
 
 void CudaBackend::ensure_workspace(int32_t seqs, int32_t max_context) {
   const size_t need = cuda::paged_attention_decode_workspace_bytes(
-      seqs, static_cast<int>(config_.num_heads), static_cast<int>(config_.head_dim), max_context);
+      seqs, static_cast<int>(config_.num_heads), static_cast<int>(config_.num_kv_heads),
+      static_cast<int>(config_.head_dim), max_context);
   if (need <= workspace_.bytes()) return;
   PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   graphs_.clear();  // they point at the old workspace

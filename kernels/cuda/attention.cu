@@ -6,14 +6,15 @@
 // so one token's row for one KV head is head_dim contiguous values (32 to 1024 bytes).
 //
 // Decode (flash-decoding), two kernels:
-//   1. decode_partition_kernel, grid (kv head, sequence, partition of 512 tokens), 128
-//      threads. The block reads its partition's K and V for one KV head once, for all G
-//      query heads (padded to GP = 4, 8 or 16 with zero queries). Tiles of 64 tokens are
-//      copied to shared memory with 16-byte cp.async (coalesced: consecutive threads copy
-//      consecutive 16 bytes of a row), two stages: K tiles, then V tiles, through the same
+//   1. decode_partition_kernel, grid (kv head, sequence, partition), 128 threads.
+//      Partitions are 512 tokens, or 256, 128 or 64 when the batch is too small to fill
+//      the GPU otherwise (decode_partition_tokens). The block reads its partition's K and V for one
+//      KV head once, for all G query heads (padded to GP = 4, 8 or 16 with zero queries). Tiles of
+//      64 tokens are copied to shared memory with 16-byte cp.async (coalesced: consecutive threads
+//      copy consecutive 16 bytes of a row), two stages: K tiles, then V tiles, through the same
 //      ring, so the first V tile is in flight while the softmax runs. Block ids of the
 //      partition are read into shared memory first. Scores for the whole partition stay in
-//      shared memory ([512][GP] floats): Q.K, then max and sum over the partition, then
+//      shared memory ([partition][GP] floats): Q.K, then max and sum over the partition, then
 //      P.V; no rescaling inside a partition. Writes the partition's unnormalized output,
 //      max and sum (float32) to the workspace.
 //   2. decode_merge_kernel, grid (q head, sequence): log-sum-exp merge of the partitions,
@@ -37,6 +38,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -185,13 +187,13 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeMinBlocks = 5;
 constexpr int kDecodeTile = 64;  // tokens per staged tile (4 KV blocks)
 constexpr int kDecodeStages = 2;
-constexpr int kBlocksPerPartition = kDecodePartitionTokens / kBlockSize;  // 32
+constexpr int kMaxBlocksPerPartition = kDecodeMaxPartitionTokens / kBlockSize;  // 32
 // Q.K: kQkLanes threads share a token (each takes every kQkLanes-th 16-byte vector of the
 // row), and each thread takes kQkTokens tokens of a tile.
 constexpr int kQkLanes = 4;
 constexpr int kQkTokens = 2;
 static_assert(kDecodeThreads / kQkLanes * kQkTokens == kDecodeTile);
-static_assert(kDecodePartitionTokens % kDecodeTile == 0);
+static_assert(kDecodeMinPartitionTokens % kDecodeTile == 0);
 // P.V: a thread accumulates kPvHeads heads x kPvElems consecutive elements of head_dim
 // (one "unit"), for every tsn-th token of a tile; units = GP/4 * head_dim/8 <= 128.
 constexpr int kPvHeads = 4;
@@ -201,7 +203,7 @@ constexpr int kDecodeWarps = kDecodeThreads / 32;
 // Shared memory of the partition kernel, in bytes (all offsets multiples of 16):
 //   ring    kDecodeStages tiles of kDecodeTile rows (reused at the end for the P.V
 //           partial sums, [tsn][GP][head_dim] floats = 128 * 32 floats)
-//   scores  [512][GP] floats (scores, then exp(score - max))
+//   scores  [512][GP] floats (scores, then exp(score - max)), for the longest partition
 //   q       [GP][head_dim] floats
 //   bt      [32] block ids
 //   red     [2][warps][GP] floats (max, sum)
@@ -213,9 +215,9 @@ __host__ __device__ inline DecodeLayout decode_layout(int gp, int head_dim, int 
   const int ring = kDecodeStages * kDecodeTile * row_bytes;
   const int reduce = kDecodeThreads * kPvHeads * kPvElems * 4;
   l.scores = ring > reduce ? ring : reduce;
-  l.q = l.scores + kDecodePartitionTokens * gp * 4;
+  l.q = l.scores + kDecodeMaxPartitionTokens * gp * 4;
   l.bt = l.q + gp * head_dim * 4;
-  l.red = l.bt + kBlocksPerPartition * 4;
+  l.red = l.bt + kMaxBlocksPerPartition * 4;
   l.total = l.red + 2 * kDecodeWarps * gp * 4;
   return l;
 }
@@ -240,6 +242,7 @@ struct DecodeParams {
   int dv_shift;                  // log2(head_dim / 8)
   int units_shift;               // log2(GP / 4 * head_dim / 8)
   int num_parts;                 // partitions per sequence in the workspace
+  int part_tokens, part_blocks;  // tokens (a multiple of kDecodeTile) and KV blocks each
   float scale;
   float* ws_out;  // [num_seqs, num_q_heads, num_parts, head_dim]
   float* ws_max;  // [num_seqs, num_q_heads, num_parts]
@@ -258,13 +261,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   const int kvh = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
   const int tid = threadIdx.x;
   const int ctx = p.context_lens[seq];
-  const int part_begin = part * kDecodePartitionTokens;
+  const int part_begin = part * p.part_tokens;
   if (part_begin >= ctx) return;  // past the context (also context_len 0)
   const int lo = p.window > 0 ? max(0, ctx - p.window) : 0;
-  if (part_begin + kDecodePartitionTokens <= lo) return;  // wholly before the window
+  if (part_begin + p.part_tokens <= lo) return;  // wholly before the window
   // Valid partition-local tokens [v0, v1), and the tiles that hold them.
   const int v0 = max(lo - part_begin, 0);
-  const int v1 = min(ctx - part_begin, kDecodePartitionTokens);
+  const int v1 = min(ctx - part_begin, p.part_tokens);
   const int tile_first = v0 / kDecodeTile;
   const int ntiles = (v1 - 1) / kDecodeTile - tile_first + 1;
 
@@ -280,8 +283,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
 
   // Block ids of the partition's blocks that hold valid tokens, -1 for the others (never
   // read: entries before the window may be -1, entries past the context may be anything).
-  if (tid < kBlocksPerPartition) {
-    const int b = part * kBlocksPerPartition + tid;
+  if (tid < p.part_blocks) {
+    const int b = part * p.part_blocks + tid;
     int id = -1;
     if (b < p.max_blocks_per_seq && b * kBlockSize < ctx && (b + 1) * kBlockSize > lo)
       id = p.block_tables[static_cast<int64_t>(seq) * p.max_blocks_per_seq + b];
@@ -522,7 +525,7 @@ constexpr int kMergeThreads = 128;
 struct MergeParams {
   const int32_t* context_lens;
   int32_t window;
-  int num_q_heads, head_dim, num_parts;
+  int num_q_heads, head_dim, num_parts, part_tokens;
   const float* ws_out;
   const float* ws_max;
   const float* ws_sum;
@@ -571,9 +574,9 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   int first = 0, last = -1;
   if (ctx > 0) {
     const int lo = p.window > 0 ? max(0, ctx - p.window) : 0;
-    first = lo / kDecodePartitionTokens;
+    first = lo / p.part_tokens;
     // A context over max_context is a caller bug; stay inside the workspace.
-    last = min((ctx - 1) / kDecodePartitionTokens, P - 1);
+    last = min((ctx - 1) / p.part_tokens, P - 1);
   }
   if (last < first) {  // context_len 0: a padding row
     for (int d = tid; d < D; d += kMergeThreads)
@@ -955,10 +958,32 @@ int check_common(const char* fn, const KVCacheLayer& cache, int num_q_heads, DTy
   return G;
 }
 
-int64_t decode_parts(int32_t max_context) {
-  return max_context > 0 ? (static_cast<int64_t>(max_context) + kDecodePartitionTokens - 1) /
-                               kDecodePartitionTokens
-                         : 0;
+// Multiprocessors of the current device (cached per device).
+int multiprocessors() {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) device = 0;
+  int n = cached[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    cached[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+// The partition length a caller asked for (0: decode_partition_tokens), checked.
+int resolve_partition_tokens(int requested, int32_t num_seqs, int num_kv_heads,
+                             int32_t max_context) {
+  if (requested == 0) return decode_partition_tokens(num_seqs, num_kv_heads, max_context);
+  if (requested < kDecodeMinPartitionTokens || requested > kDecodeMaxPartitionTokens ||
+      (requested & (requested - 1)) != 0)
+    throw std::invalid_argument("paged_attention_decode: partition_tokens " +
+                                std::to_string(requested) +
+                                " is not 0 or a power of two from 64 to 512");
+  return requested;
+}
+int64_t decode_parts(int32_t max_context, int part_tokens) {
+  return max_context > 0 ? (static_cast<int64_t>(max_context) + part_tokens - 1) / part_tokens : 0;
 }
 
 template <typename T, int GP>
@@ -1015,22 +1040,36 @@ bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads) {
          num_q_heads % num_kv_heads == 0 && num_q_heads / num_kv_heads <= kMaxGroup;
 }
 
-size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int head_dim,
-                                              int32_t max_context) {
-  if (num_seqs <= 0 || num_q_heads <= 0 || head_dim <= 0) return 0;
-  return static_cast<size_t>(num_seqs) * num_q_heads * decode_parts(max_context) * (head_dim + 2) *
-         sizeof(float);
+int decode_partition_tokens(int32_t num_seqs, int num_kv_heads, int32_t max_context) {
+  int tokens = kDecodeMaxPartitionTokens;
+  if (num_seqs <= 0 || num_kv_heads <= 0 || max_context <= 0) return tokens;
+  const int64_t target = static_cast<int64_t>(multiprocessors()) * kDecodeTargetBlocksPerSM;
+  const int64_t rows = static_cast<int64_t>(num_seqs) * num_kv_heads;
+  while (tokens > kDecodeMinPartitionTokens && rows * decode_parts(max_context, tokens) < target)
+    tokens /= 2;
+  return tokens;
+}
+size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int num_kv_heads,
+                                              int head_dim, int32_t max_context,
+                                              int partition_tokens) {
+  if (num_seqs <= 0 || num_q_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0) return 0;
+  const int tokens =
+      resolve_partition_tokens(partition_tokens, num_seqs, num_kv_heads, max_context);
+  return static_cast<size_t>(num_seqs) * num_q_heads * decode_parts(max_context, tokens) *
+         (head_dim + 2) * sizeof(float);
 }
 
 void paged_attention_decode(const float* q, const KVCacheLayer& cache,
                             const PagedAttentionBatch& batch, int32_t max_context, int num_q_heads,
                             float scale, void* workspace, void* out, DType out_dtype,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, int partition_tokens) {
   const int G = check_common("paged_attention_decode", cache, num_q_heads, out_dtype, q, out);
   if (batch.num_seqs <= 0) return;
   if (batch.num_seqs > 65535)
     throw std::invalid_argument("paged_attention_decode: at most 65535 sequences per batch");
-  const int64_t parts = decode_parts(max_context);
+  const int part_tokens =
+      resolve_partition_tokens(partition_tokens, batch.num_seqs, cache.num_kv_heads, max_context);
+  const int64_t parts = decode_parts(max_context, part_tokens);
   if (parts > 65535)
     throw std::invalid_argument("paged_attention_decode: max_context " +
                                 std::to_string(max_context) + " is too long");
@@ -1063,6 +1102,8 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
     p.dv_shift = log2_exact(D / kPvElems);
     p.units_shift = log2_exact(gp / kPvHeads) + p.dv_shift;
     p.num_parts = static_cast<int>(parts);
+    p.part_tokens = part_tokens;
+    p.part_blocks = part_tokens / kBlockSize;
     p.scale = scale;
     p.ws_out = ws_out;
     p.ws_max = ws_max;
@@ -1087,6 +1128,7 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
   mp.num_q_heads = num_q_heads;
   mp.head_dim = D;
   mp.num_parts = static_cast<int>(parts);
+  mp.part_tokens = part_tokens;
   mp.ws_out = ws_out;
   mp.ws_max = ws_max;
   mp.ws_sum = ws_sum;

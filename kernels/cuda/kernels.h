@@ -121,28 +121,42 @@ void paged_attention(const float* q,  // [num_tokens, num_q_heads, head_dim]
                      DType out_dtype, cudaStream_t stream);
 
 // Decode attention (q_len == 1 for every sequence), flash-decoding: each sequence's
-// context is cut into partitions of kDecodePartitionTokens read by separate thread
-// blocks, each reading every KV head once for all the query heads that share it; a
-// second kernel merges the partitions' softmax statistics. The grid covers
-// `max_context` (so a captured graph stays valid for any batch whose contexts are at
-// most that); partitions past a sequence's context do nothing. A sequence with
-// context_len 0 (a padding row of a captured batch) gets zero output.
-inline constexpr int kDecodePartitionTokens = 512;
+// context is cut into partitions read by separate thread blocks, each reading every KV
+// head once for all the query heads that share it; a second kernel merges the
+// partitions' softmax statistics. The grid covers `max_context` (so a captured graph
+// stays valid for any batch whose contexts are at most that); partitions past a
+// sequence's context do nothing. A sequence with context_len 0 (a padding row of a
+// captured batch) gets zero output.
+inline constexpr int kDecodeMaxPartitionTokens = 512;
+inline constexpr int kDecodeMinPartitionTokens = 64;
+// Partitions are 512 tokens, halved (down to 64) while the grid, num_seqs x num_kv_heads
+// x partitions of max_context, would have fewer than this many blocks per multiprocessor
+// of the current device: a single sequence, or a few short ones, then still spread over
+// the whole GPU. Each block pays a fixed start-up cost (its first load's full latency,
+// the softmax barriers, the final reduction), so longer grids keep 512 tokens: on an
+// H200 shorter partitions were slower at every batch x context that already had two
+// blocks per multiprocessor.
+inline constexpr int kDecodeTargetBlocksPerSM = 2;
+int decode_partition_tokens(int32_t num_seqs, int num_kv_heads, int32_t max_context);
 
 // Whether both attention kernels take this shape (head_dim 16, 32, 64, 128 or 256; at
 // most 16 query heads per KV head): a model can be checked when it loads.
 bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads);
 
-// Float32 scratch the decode kernel needs, in bytes.
-size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int head_dim,
-                                              int32_t max_context);
+// Float32 scratch the decode kernel needs, in bytes. `partition_tokens` as for
+// paged_attention_decode.
+size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int num_kv_heads,
+                                              int head_dim, int32_t max_context,
+                                              int partition_tokens = 0);
 
+// `partition_tokens`: 0 for decode_partition_tokens(), or a power of two from 64 to 512
+// (benchmarks and tests); the workspace must have been sized with the same value.
 void paged_attention_decode(const float* q,  // [num_seqs, num_q_heads, head_dim]
                             const KVCacheLayer& cache, const PagedAttentionBatch& batch,
                             int32_t max_context, int num_q_heads, float scale,
                             void* workspace,  // paged_attention_decode_workspace_bytes(...)
                             void* out,        // [num_seqs, num_q_heads, head_dim] of `out_dtype`
-                            DType out_dtype, cudaStream_t stream);
+                            DType out_dtype, cudaStream_t stream, int partition_tokens = 0);
 
 // Index of the largest value of each row (the first one on ties); NaN never wins.
 void argmax(const float* logits,  // [rows, vocab]

@@ -170,15 +170,16 @@ class Problem {
 
   // The decode kernel with a grid for `max_context` (>= every context; default: the
   // batch's longest), as a captured graph would run it.
-  std::vector<float> run_decode(int32_t max_context = -1) const {
+  // `partition_tokens` 0: the kernel's own choice.
+  std::vector<float> run_decode(int32_t max_context = -1, int partition_tokens = 0) const {
     if (max_context < 0) max_context = max_context_;
-    DeviceBuffer ws(
-        cuda::paged_attention_decode_workspace_bytes(num_seqs(), s_.hq, s_.head_dim, max_context));
+    DeviceBuffer ws(cuda::paged_attention_decode_workspace_bytes(
+        num_seqs(), s_.hq, s_.hkv, s_.head_dim, max_context, partition_tokens));
     if (ws.bytes() > 0) ws.poison();  // (a zero-byte memset would leave a sticky error)
     DeviceBuffer out(out_elems() * dtype_size(s_.out));
     out.poison();
     cuda::paged_attention_decode(d_q_.get<float>(), gpu_cache(), gpu_batch(), max_context, s_.hq,
-                                 scale(), ws.get(), out.get(), s_.out, nullptr);
+                                 scale(), ws.get(), out.get(), s_.out, nullptr, partition_tokens);
     return finish(out);
   }
 
@@ -194,7 +195,7 @@ class Problem {
     const cuda::PagedAttentionBatch batch{
         1, ds.get<int32_t>(), dc.get<int32_t>(), dt.get<int32_t>(), max_blocks_, window_};
     DeviceBuffer ws(
-        cuda::paged_attention_decode_workspace_bytes(1, s_.hq, s_.head_dim, max_context));
+        cuda::paged_attention_decode_workspace_bytes(1, s_.hq, s_.hkv, s_.head_dim, max_context));
     DeviceBuffer out(width * dtype_size(s_.out));
     out.poison();
     cuda::paged_attention_decode(dq.get<float>(), gpu_cache(), batch, max_context, s_.hq, scale(),
@@ -555,11 +556,75 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
 TEST(CudaAttention, DecodeWorkspaceCoversEveryPartition) {
   PAGELLM_REQUIRE_GPU();
   // [seqs, q heads, partitions] x (head_dim partial outputs + max + sum), float32.
-  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 128, 1), 4u * 32 * 1 * 130 * 4);
-  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 128, 512), 4u * 32 * 1 * 130 * 4);
-  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 128, 513), 4u * 32 * 2 * 130 * 4);
-  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(1, 8, 64, 32768), 1u * 8 * 64 * 66 * 4);
-  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 128, 0), 0u);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 8, 128, 1, 512),
+            4u * 32 * 1 * 130 * 4);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 8, 128, 512, 512),
+            4u * 32 * 1 * 130 * 4);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 8, 128, 513, 512),
+            4u * 32 * 2 * 130 * 4);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 8, 128, 513, 64),
+            4u * 32 * 9 * 130 * 4);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(1, 8, 2, 64, 32768, 512),
+            1u * 8 * 64 * 66 * 4);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(4, 32, 8, 128, 0), 0u);
+  // The kernel's own choice: the workspace of the partition length it picks.
+  const int auto_tokens = cuda::decode_partition_tokens(1, 8, 32768);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(1, 32, 8, 128, 32768),
+            cuda::paged_attention_decode_workspace_bytes(1, 32, 8, 128, 32768, auto_tokens));
+  for (int bad : {32, 96, 1024, -64})
+    EXPECT_THROW(cuda::paged_attention_decode_workspace_bytes(1, 32, 8, 128, 4096, bad),
+                 std::invalid_argument)
+        << bad;
+}
+
+// Long batches keep 512-token partitions; a lone sequence, or a few short ones, get
+// shorter partitions so that the grid still spans every multiprocessor.
+TEST(CudaAttention, DecodePartitionsShrinkForSmallBatches) {
+  PAGELLM_REQUIRE_GPU();
+  cudaDeviceProp prop{};
+  PAGELLM_TEST_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int64_t target = int64_t(prop.multiProcessorCount) * cuda::kDecodeTargetBlocksPerSM;
+  for (int seqs : {1, 2, 16, 64, 256, 1024}) {
+    for (int ctx : {1, 100, 512, 1024, 4096, 32768}) {
+      const int p = cuda::decode_partition_tokens(seqs, 8, ctx);
+      SCOPED_TRACE(std::to_string(seqs) + " x " + std::to_string(ctx) + ": " + std::to_string(p));
+      ASSERT_TRUE(p == 64 || p == 128 || p == 256 || p == 512);
+      const int64_t blocks = int64_t(seqs) * 8 * ((ctx + p - 1) / p);
+      // Shorter only when the longer partition left the grid below the target.
+      if (p < 512) {
+        EXPECT_LT(int64_t(seqs) * 8 * ((ctx + 2 * p - 1) / (2 * p)), target);
+      }
+      // And never shorter than needed.
+      if (p > 64) {
+        EXPECT_GE(blocks, target);
+      }
+    }
+  }
+  EXPECT_EQ(cuda::decode_partition_tokens(1024, 8, 32768), 512);
+  EXPECT_EQ(cuda::decode_partition_tokens(1, 8, 100), 64);
+}
+
+// Every partition length gives the same attention (to float32 rounding) on contexts
+// around its boundaries, with and without a sliding window.
+TEST(CudaAttention, DecodeMatchesCpuForEveryPartitionLength) {
+  PAGELLM_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("PAGELLM_TEST_SEED=" + std::to_string(seed));
+  const std::vector<int32_t> ctx = {1, 63, 64, 65, 127, 128, 129, 255, 257, 511, 513, 2000};
+  uint64_t k = 0;
+  for (int32_t window : {0, 100}) {
+    for (const Shape& s : {Shape{32, 8, 128, DType::kBF16, DType::kF32},
+                           Shape{14, 2, 64, DType::kF16, DType::kF32}}) {
+      const Problem p = decode_problem(s, ctx, window, seed + k++);
+      const std::vector<float> ref = p.reference(true);
+      for (int tokens : {64, 128, 256, 512}) {
+        SCOPED_TRACE(describe(s, window) + ", partitions of " + std::to_string(tokens));
+        EXPECT_MATCHES(p.run_decode(-1, tokens), ref, s.out);
+        // A grid for a longer max_context (a graph bucket): the same result.
+        EXPECT_MATCHES(p.run_decode(4096, tokens), ref, s.out);
+      }
+    }
+  }
 }
 
 }  // namespace
