@@ -602,26 +602,30 @@ void CudaBackend::enqueue(const Step& st) {
     float* qkv = qkv_.get<float>();
     blas_->matmul(normed_.get(), layer.qkv.get(), cdt, T, qkv_n, H, qkv);
     if (layer.qkv_bias.get()) cuda::add_bias(qkv, layer.qkv_bias.get<float>(), T, qkv_n, stream_);
-    // Split q|k|v rows into contiguous q, k and v.
-    const size_t row = static_cast<size_t>(qkv_n) * sizeof(float);
-    PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(q, q_dim_ * sizeof(float), qkv, row,
-                                         q_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
-                                         stream_));
-    PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(k, kv_dim_ * sizeof(float), qkv + q_dim_, row,
-                                         kv_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
-                                         stream_));
-    PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(v, kv_dim_ * sizeof(float), qkv + q_dim_ + kv_dim_, row,
-                                         kv_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
-                                         stream_));
-    if (layer.q_norm.get()) {
+    if (layer.q_norm.get() == nullptr) {
+      // Rotate q out of the q|k|v rows; rotate k and store it and v in the cache.
+      cuda::rope_write_kv(qkv, in_positions_.get<int32_t>(), in_slots_.get<int64_t>(), T, nh,
+                          inv_freq_.get<float>(), q, kv, stream_);
+    } else {
+      // Per-head q/k norms first: split q|k|v rows into contiguous q, k and v.
+      const size_t row = static_cast<size_t>(qkv_n) * sizeof(float);
+      PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(q, q_dim_ * sizeof(float), qkv, row,
+                                           q_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
+                                           stream_));
+      PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(k, kv_dim_ * sizeof(float), qkv + q_dim_, row,
+                                           kv_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
+                                           stream_));
+      PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(v, kv_dim_ * sizeof(float), qkv + q_dim_ + kv_dim_, row,
+                                           kv_dim_ * sizeof(float), T, cudaMemcpyDeviceToDevice,
+                                           stream_));
       cuda::rmsnorm(q, layer.q_norm.get(), layer.qk_norm_dtype, T * nh, D, eps, q, DType::kF32,
                     stream_);
       cuda::rmsnorm(k, layer.k_norm.get(), layer.k_norm_dtype, T * nkv, D, eps, k, DType::kF32,
                     stream_);
+      cuda::rope(q, k, in_positions_.get<int32_t>(), T, nh, nkv, static_cast<int>(D),
+                 inv_freq_.get<float>(), stream_);
+      cuda::write_kv(k, v, in_slots_.get<int64_t>(), T, kv, stream_);
     }
-    cuda::rope(q, k, in_positions_.get<int32_t>(), T, nh, nkv, static_cast<int>(D),
-               inv_freq_.get<float>(), stream_);
-    cuda::write_kv(k, v, in_slots_.get<int64_t>(), T, kv, stream_);
     if (st.decode) {
       cuda::paged_attention_decode(q, kv, attention, st.max_context, nh, scale, workspace_.get(),
                                    attn_.get(), cdt, stream_);

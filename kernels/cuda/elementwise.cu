@@ -293,40 +293,86 @@ __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__
 }
 
 // ---------------------------------------------------------------------------------------
-// rope: block t rotates token t's query and key heads. The block first computes the
-// token's half-dim cos/sin table in shared memory (angle = position * inv_freq in float32,
-// as Hugging Face), then every (head, i) pair: x0' = x0 cos - x1 sin, x1' = x1 cos + x0 sin,
-// with the CPU twin's separate roundings.
+// rope: block (t, h) rotates head h of token t (query heads, then key heads); thread i
+// takes the pairs (i, i + half), (i + blockDim, ...): angle = position * inv_freq[i] in
+// float32, as Hugging Face; x0' = x0 cos - x1 sin, x1' = x1 cos + x0 sin, with the CPU
+// twin's separate roundings. One block per head rather than per token keeps a single
+// decode token spread over many multiprocessors.
 
-constexpr int kRopeThreads = 128;
+constexpr int kRopeThreads = 64;
 
-__global__ void rope_kernel(float* __restrict__ q, float* __restrict__ k,
-                            const int32_t* __restrict__ positions, int num_q_heads,
-                            int num_kv_heads, int head_dim, const float* __restrict__ inv_freq) {
-  extern __shared__ float rope_table[];  // [2 * half]: cos, then sin
+__device__ __forceinline__ void rotate_pair(float& x0, float& x1, float pos, float inv_freq) {
+  float s, c;
+  sincosf(__fmul_rn(pos, inv_freq), &s, &c);
+  const float a = x0, b = x1;
+  x0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  x1 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_kernel(float* __restrict__ q, float* __restrict__ k, const int32_t* __restrict__ positions,
+                int num_q_heads, int num_kv_heads, int head_dim,
+                const float* __restrict__ inv_freq) {
   const int half = head_dim / 2;
-  float* cos_t = rope_table;
-  float* sin_t = rope_table + half;
   const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
   const float pos = static_cast<float>(positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float s, c;
-    sincosf(__fmul_rn(pos, inv_freq[i]), &s, &c);
-    cos_t[i] = c;
-    sin_t[i] = s;
+  float* head = h < num_q_heads
+                    ? q + (t * num_q_heads + h) * static_cast<int64_t>(head_dim)
+                    : k + (t * num_kv_heads + (h - num_q_heads)) * static_cast<int64_t>(head_dim);
+  for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+    float x0 = head[i], x1 = head[i + half];
+    rotate_pair(x0, x1, pos, inv_freq[i]);
+    head[i] = x0;
+    head[i + half] = x1;
   }
-  __syncthreads();
-  const int pairs = (num_q_heads + num_kv_heads) * half;
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int h = p / half;
-    const int i = p - h * half;
-    float* head = h < num_q_heads
-                      ? q + (t * num_q_heads + h) * static_cast<int64_t>(head_dim)
-                      : k + (t * num_kv_heads + (h - num_q_heads)) * static_cast<int64_t>(head_dim);
-    const float x0 = head[i], x1 = head[i + half];
-    const float c = cos_t[i], s = sin_t[i];
-    head[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    head[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
+// rope_write_kv: block (t, h) takes head h of token t's fused q|k|v row: a query head is
+// rotated into q; a KV head's key is rotated and its value copied, both stored at the
+// token's slot in the cache (skipped for a negative slot or one past the cache). The same
+// arithmetic and rounding as rope followed by write_kv.
+template <DType T>
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_write_kv_kernel(const float* __restrict__ qkv, const int32_t* __restrict__ positions,
+                         const int64_t* __restrict__ slots, int num_q_heads, int num_kv_heads,
+                         int head_dim, int64_t num_slots, const float* __restrict__ inv_freq,
+                         float* __restrict__ q, void* __restrict__ k_cache,
+                         void* __restrict__ v_cache) {
+  const int half = head_dim / 2;
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const float pos = static_cast<float>(positions[t]);
+  const int64_t width = static_cast<int64_t>(num_q_heads + 2 * num_kv_heads) * head_dim;
+  const float* const row = qkv + t * width;
+  if (h < num_q_heads) {
+    const float* src = row + static_cast<int64_t>(h) * head_dim;
+    float* dst = q + (t * num_q_heads + h) * static_cast<int64_t>(head_dim);
+    for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+      float x0 = src[i], x1 = src[i + half];
+      rotate_pair(x0, x1, pos, inv_freq[i]);
+      dst[i] = x0;
+      dst[i + half] = x1;
+    }
+    return;
+  }
+  const int64_t slot = slots[t];
+  if (slot < 0 || slot >= num_slots) return;
+  const int j = h - num_q_heads;
+  const float* ks = row + static_cast<int64_t>(num_q_heads + j) * head_dim;
+  const float* vs = ks + static_cast<int64_t>(num_kv_heads) * head_dim;
+  const int64_t dst = (slot * num_kv_heads + j) * static_cast<int64_t>(head_dim);
+  for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+    float x0 = ks[i], x1 = ks[i + half];
+    rotate_pair(x0, x1, pos, inv_freq[i]);
+    store1<T>(k_cache, dst + i, x0);
+    store1<T>(k_cache, dst + i + half, x1);
+    store1<T>(v_cache, dst + i, vs[i]);
+    store1<T>(v_cache, dst + i + half, vs[i + half]);
+  }
+  if (head_dim % 2 != 0 && threadIdx.x == 0) {  // an odd head_dim's last value: not rotated
+    store1<T>(k_cache, dst + head_dim - 1, ks[head_dim - 1]);
+    store1<T>(v_cache, dst + head_dim - 1, vs[head_dim - 1]);
   }
 }
 
@@ -494,12 +540,33 @@ void rope(float* q, float* k, const int32_t* positions, int64_t num_tokens, int 
           int num_kv_heads, int head_dim, const float* inv_freq, cudaStream_t stream) {
   require(num_tokens >= 0 && num_q_heads >= 0 && num_kv_heads >= 0 && head_dim >= 0,
           "rope: negative shape");
+  require(num_q_heads + num_kv_heads <= 65535, "rope: at most 65535 heads");
   const int half = head_dim / 2;
   if (num_tokens == 0 || half == 0 || num_q_heads + num_kv_heads == 0) return;
-  const size_t shared = 2 * static_cast<size_t>(half) * sizeof(float);
-  rope_kernel<<<static_cast<unsigned>(num_tokens), kRopeThreads, shared, stream>>>(
-      q, k, positions, num_q_heads, num_kv_heads, head_dim, inv_freq);
+  const dim3 grid(static_cast<unsigned>(num_tokens),
+                  static_cast<unsigned>(num_q_heads + num_kv_heads));
+  rope_kernel<<<grid, kRopeThreads, 0, stream>>>(q, k, positions, num_q_heads, num_kv_heads,
+                                                 head_dim, inv_freq);
   PAGELLM_CUDA_CHECK_LAUNCH();
+}
+
+void rope_write_kv(const float* qkv, const int32_t* positions, const int64_t* slots,
+                   int64_t num_tokens, int num_q_heads, const float* inv_freq, float* q,
+                   const KVCacheLayer& cache, cudaStream_t stream) {
+  require(num_tokens >= 0 && num_q_heads >= 0 && cache.num_kv_heads >= 0 && cache.head_dim >= 0,
+          "rope_write_kv: negative shape");
+  require(num_q_heads + cache.num_kv_heads <= 65535, "rope_write_kv: at most 65535 heads");
+  if (num_tokens == 0 || cache.head_dim == 0 || num_q_heads + cache.num_kv_heads == 0) return;
+  const dim3 grid(static_cast<unsigned>(num_tokens),
+                  static_cast<unsigned>(num_q_heads + cache.num_kv_heads));
+  const int64_t num_slots = cache.num_blocks * kBlockSize;
+  dispatch_dtype(cache.dtype, [&](auto t) {
+    constexpr DType T = decltype(t)::value;
+    rope_write_kv_kernel<T><<<grid, kRopeThreads, 0, stream>>>(
+        qkv, positions, slots, num_q_heads, cache.num_kv_heads, cache.head_dim, num_slots, inv_freq,
+        q, cache.k, cache.v);
+    PAGELLM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void silu_mul_fused(const float* gate_up, int64_t rows, int64_t dim, void* out, DType out_dtype,

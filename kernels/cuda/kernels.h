@@ -87,6 +87,18 @@ void write_kv(const float* k,        // [num_tokens, num_kv_heads, head_dim]
               const int64_t* slots,  // [num_tokens]
               int64_t num_tokens, const KVCacheLayer& cache, cudaStream_t stream);
 
+// rope and write_kv in one pass over a fused projection: for each token, the query heads
+// of its q|k|v row are rotated into `q`, and its keys (rotated) and values are stored at
+// its slot in the cache (a negative slot, or one past the cache, stores nothing). The
+// same values, bit for bit, as splitting the row and calling rope then write_kv.
+void rope_write_kv(const float* qkv,          // [num_tokens, (num_q_heads + 2 kv heads) x head_dim]
+                   const int32_t* positions,  // [num_tokens]
+                   const int64_t* slots,      // [num_tokens]
+                   int64_t num_tokens, int num_q_heads,
+                   const float* inv_freq,  // [head_dim / 2]
+                   float* q,               // [num_tokens, num_q_heads, head_dim], out
+                   const KVCacheLayer& cache, cudaStream_t stream);
+
 // Copies whole blocks (copy-on-write of a block shared by forked sequences). The copies
 // run in parallel: no block may be both a destination and a source in one call (the CPU
 // twin copies one after another). Block ids outside the cache are skipped.

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -261,27 +262,40 @@ TEST(CudaAddBias, AddsTheBiasToEveryRowExactly) {
 // ---------------------------------------------------------------------------------------
 // rope
 
+struct Heads {
+  int q, kv;
+};
+
+// Llama 3's frequencies (theta 500000) for `head_dim`.
+std::vector<float> rope_inv_freq(int head_dim) {
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int i = 0; i < head_dim / 2; ++i)
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
+  return inv_freq;
+}
+
+// Positions up to 128k, the first one 0.
+std::vector<int32_t> random_positions(int64_t tokens, std::mt19937& rng) {
+  std::vector<int32_t> pos(tokens);
+  for (auto& p : pos)
+    p = static_cast<int32_t>(rng() % 131072);
+  pos[0] = 0;
+  return pos;
+}
+
 TEST(CudaRope, MatchesCpuRotateHalf) {
   PAGELLM_REQUIRE_GPU();
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(seed_trace(seed));
   Stream stream;
   std::mt19937 rng(seed);
-  struct Heads {
-    int q, kv;
-  };
   for (int head_dim : {16, 64, 128}) {
     for (Heads h : {Heads{4, 4}, Heads{6, 2}, Heads{8, 1}, Heads{32, 8}}) {
       for (int64_t tokens : {1, 37}) {
         SCOPED_TRACE("head_dim=" + std::to_string(head_dim) + " heads=" + std::to_string(h.q) +
                      "/" + std::to_string(h.kv) + " tokens=" + std::to_string(tokens));
-        std::vector<float> inv_freq(head_dim / 2);
-        for (int i = 0; i < head_dim / 2; ++i)
-          inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
-        std::vector<int32_t> pos(tokens);
-        for (auto& p : pos)
-          p = static_cast<int32_t>(rng() % 131072);
-        pos[0] = 0;
+        const std::vector<float> inv_freq = rope_inv_freq(head_dim);
+        const std::vector<int32_t> pos = random_positions(tokens, rng);
         const std::vector<float> q0 = random_floats(tokens * h.q * head_dim, rng());
         const std::vector<float> k0 = random_floats(tokens * h.kv * head_dim, rng());
         std::vector<float> q = q0, k = k0;
@@ -296,6 +310,82 @@ TEST(CudaRope, MatchesCpuRotateHalf) {
         PAGELLM_TEST_CUDA(cudaStreamSynchronize(stream));
         EXPECT_LE(relative_error(d_q.download<float>(), q), tolerance(DType::kF32)) << "q";
         EXPECT_LE(relative_error(d_k.download<float>(), k), tolerance(DType::kF32)) << "k";
+      }
+    }
+  }
+}
+
+// rope_write_kv: the fused q|k|v epilogue against rope then write_kv on the device (bit
+// for bit), and against the CPU twins.
+TEST(CudaRope, RopeWriteKvEqualsRopeThenWriteKv) {
+  PAGELLM_REQUIRE_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  Stream stream;
+  std::mt19937 rng(seed);
+  for (DType t : kAllTypes) {
+    for (int head_dim : {64, 128}) {
+      for (Heads h : {Heads{32, 8}, Heads{6, 2}, Heads{4, 4}}) {
+        for (int64_t tokens : {1, 37}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " head_dim=" + std::to_string(head_dim) +
+                       " heads=" + std::to_string(h.q) + "/" + std::to_string(h.kv) +
+                       " tokens=" + std::to_string(tokens));
+          const int64_t qd = int64_t(h.q) * head_dim, kvd = int64_t(h.kv) * head_dim;
+          const int64_t width = qd + 2 * kvd;
+          const std::vector<float> inv_freq = rope_inv_freq(head_dim);
+          const std::vector<int32_t> pos = random_positions(tokens, rng);
+          // Distinct slots in shuffled order; padding (-1) and one past the cache.
+          const int64_t num_blocks = tokens / kBlockSize + 2;
+          std::vector<int64_t> slots(num_blocks * kBlockSize);
+          std::iota(slots.begin(), slots.end(), 0);
+          std::shuffle(slots.begin(), slots.end(), rng);
+          slots.resize(tokens);
+          if (tokens > 2) slots[1] = -1, slots[2] = num_blocks * kBlockSize;
+          const std::vector<float> qkv = random_floats(tokens * width, rng(), 2.0f);
+          const std::vector<uint8_t> cache0 =
+              encode(random_floats(num_blocks * kBlockSize * kvd, rng()), t);
+
+          // Fused.
+          const DeviceBuffer d_qkv = DeviceBuffer::from(qkv), d_pos = DeviceBuffer::from(pos),
+                             d_slots = DeviceBuffer::from(slots),
+                             d_freq = DeviceBuffer::from(inv_freq);
+          DeviceBuffer d_q(tokens * qd * sizeof(float));
+          d_q.poison();
+          const DeviceBuffer kc = DeviceBuffer::from(cache0), vc = DeviceBuffer::from(cache0);
+          rope_write_kv(d_qkv.get<float>(), d_pos.get<int32_t>(), d_slots.get<int64_t>(), tokens,
+                        h.q, d_freq.get<float>(), d_q.get<float>(),
+                        KVCacheLayer{kc.get(), vc.get(), t, num_blocks, h.kv, head_dim}, stream);
+          PAGELLM_TEST_CUDA(cudaStreamSynchronize(stream));
+
+          // Split on the host, then rope and write_kv (device), and the CPU twins.
+          std::vector<float> q(tokens * qd), k(tokens * kvd), v(tokens * kvd);
+          for (int64_t r = 0; r < tokens; ++r) {
+            std::copy_n(qkv.begin() + r * width, qd, q.begin() + r * qd);
+            std::copy_n(qkv.begin() + r * width + qd, kvd, k.begin() + r * kvd);
+            std::copy_n(qkv.begin() + r * width + qd + kvd, kvd, v.begin() + r * kvd);
+          }
+          const DeviceBuffer s_q = DeviceBuffer::from(q), s_k = DeviceBuffer::from(k),
+                             s_v = DeviceBuffer::from(v);
+          const DeviceBuffer skc = DeviceBuffer::from(cache0), svc = DeviceBuffer::from(cache0);
+          const KVCacheLayer split_cache{skc.get(), svc.get(), t, num_blocks, h.kv, head_dim};
+          rope(s_q.get<float>(), s_k.get<float>(), d_pos.get<int32_t>(), tokens, h.q, h.kv,
+               head_dim, d_freq.get<float>(), stream);
+          write_kv(s_k.get<float>(), s_v.get<float>(), d_slots.get<int64_t>(), tokens, split_cache,
+                   stream);
+          PAGELLM_TEST_CUDA(cudaStreamSynchronize(stream));
+          EXPECT_EQ(first_difference(bytes_of(d_q), bytes_of(s_q)), -1) << "q";
+          EXPECT_EQ(first_difference(bytes_of(kc), bytes_of(skc)), -1) << "K cache";
+          EXPECT_EQ(first_difference(bytes_of(vc), bytes_of(svc)), -1) << "V cache";
+
+          std::vector<uint8_t> cpu_k = cache0, cpu_v = cache0;
+          cpu::rope(q.data(), k.data(), pos.data(), tokens, h.q, h.kv, head_dim, inv_freq.data());
+          cpu::write_kv(
+              k.data(), v.data(), slots.data(), tokens,
+              cpu::KVCacheLayer{cpu_k.data(), cpu_v.data(), t, num_blocks, h.kv, head_dim});
+          EXPECT_LE(relative_error(d_q.download<float>(), q), tolerance(DType::kF32)) << "q";
+          EXPECT_LE(relative_error(values_of(kc, t), decode(cpu_k, t)), tolerance(t)) << "K";
+          EXPECT_EQ(first_difference(bytes_of(vc), cpu_v), -1) << "V cache";
+        }
       }
     }
   }
@@ -552,6 +642,7 @@ TEST(CudaElementwise, EmptyShapesLaunchNothing) {
   rope(nullptr, nullptr, nullptr, 0, 4, 4, 16, nullptr, stream);
   silu_mul_fused(nullptr, 0, 64, d.get(), DType::kF16, stream);
   write_kv(nullptr, nullptr, nullptr, 0, cache, stream);
+  rope_write_kv(nullptr, nullptr, nullptr, 0, 4, nullptr, d.get<float>(), cache, stream);
   copy_blocks(cache, nullptr, nullptr, 0, stream);
   convert(nullptr, DType::kF32, d.get(), DType::kBF16, 0, stream);
   fill_uniform(d.get(), DType::kF32, 0, 1.0f, 1, stream);
