@@ -94,6 +94,8 @@ void copy_to_device(void* dst, const void* src, DType from, DType to, int64_t n)
 constexpr int32_t kGraphBatchSizes[] = {1,   2,   4,   8,   16,  24,  32,  48,  64, 96,
                                         128, 160, 192, 224, 256, 320, 384, 448, 512};
 constexpr int32_t kMinGraphContext = 512;
+// Contexts the decode attention workspace is sized for at start-up (longer steps grow it).
+constexpr int64_t kWorkspaceContextAtStart = 131072;
 
 // The captured batch size a batch of `seqs` runs in; none above the largest.
 std::optional<int32_t> graph_batch_size(int32_t seqs) {
@@ -356,6 +358,7 @@ class CudaBackend final : public Backend {
   void finish_setup();
   void ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_width);
   void ensure_workspace(int32_t seqs, int32_t max_context);
+  void reserve_workspace(size_t bytes);
   void capture(const Step& step, std::pair<int32_t, int32_t> key);
   void upload_inputs(const ForwardBatch& batch, const Step& step, int32_t padded_seqs);
   void enqueue(const Step& step);  // the whole pass, embedding to argmax, on stream_
@@ -414,18 +417,24 @@ void CudaBackend::finish_setup() {
   const int32_t width = static_cast<int32_t>(
       (round_up_pow2(max_model_len_, kMinGraphContext) + cuda::kBlockSize - 1) / cuda::kBlockSize);
   ensure_capacity(std::max(options_.max_num_batched_tokens, graph_seqs), graph_seqs, width);
-  // Decode attention's scratch for a full batch at the longest context a step can have
-  // (its graph bucket's), taken now: it then never grows (which would drop every captured
-  // graph), and the KV pool's budget is what is left after it. For Llama 3 8B with 256
-  // sequences: 68 MB at 8k, 1.1 GB at 128k.
-  ensure_workspace(graph_seqs,
-                   static_cast<int32_t>(round_up_pow2(max_model_len_, kMinGraphContext)));
+  // Decode attention's scratch for every step of up to graph_seqs sequences at contexts up
+  // to 128k (or the model's longest, if shorter), taken now: it then does not grow (which
+  // would drop every captured graph), and the KV pool's budget is what is left after it.
+  // For Llama 3 8B with 256 sequences: 68 MB at 8k, 1.1 GB at 128k. Longer steps grow it.
+  const int64_t longest =
+      std::min<int64_t>(round_up_pow2(max_model_len_, kMinGraphContext), kWorkspaceContextAtStart);
+  reserve_workspace(cuda::paged_attention_decode_workspace_bound(
+      graph_seqs, static_cast<int>(config_.num_heads), static_cast<int>(config_.num_kv_heads),
+      static_cast<int>(config_.head_dim), static_cast<int32_t>(longest)));
 }
 
 void CudaBackend::ensure_workspace(int32_t seqs, int32_t max_context) {
-  const size_t need = cuda::paged_attention_decode_workspace_bytes(
+  reserve_workspace(cuda::paged_attention_decode_workspace_bytes(
       seqs, static_cast<int>(config_.num_heads), static_cast<int>(config_.num_kv_heads),
-      static_cast<int>(config_.head_dim), max_context);
+      static_cast<int>(config_.head_dim), max_context));
+}
+
+void CudaBackend::reserve_workspace(size_t need) {
   if (need <= workspace_.bytes()) return;
   PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   graphs_.clear();  // they point at the old workspace

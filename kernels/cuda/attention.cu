@@ -8,15 +8,16 @@
 // Decode (flash-decoding), two kernels:
 //   1. decode_partition_kernel, grid (kv head, sequence, partition), 128 threads.
 //      Partitions are 512 tokens, or 256, 128 or 64 when the batch is too small to fill
-//      the GPU otherwise (decode_partition_tokens). The block reads its partition's K and V for one
-//      KV head once, for all G query heads (padded to GP = 4, 8 or 16 with zero queries). Tiles of
-//      64 tokens are copied to shared memory with 16-byte cp.async (coalesced: consecutive threads
-//      copy consecutive 16 bytes of a row), two stages: K tiles, then V tiles, through the same
-//      ring, so the first V tile is in flight while the softmax runs. Block ids of the
-//      partition are read into shared memory first. Scores for the whole partition stay in
-//      shared memory ([partition][GP] floats): Q.K, then max and sum over the partition, then
-//      P.V; no rescaling inside a partition. Writes the partition's unnormalized output,
-//      max and sum (float32) to the workspace.
+//      the GPU otherwise (decode_partition_tokens). The block reads its partition's K
+//      and V for one KV head once, for all G query heads (padded to GP = 4, 8 or 16 with
+//      zero queries). Tiles of 64 tokens are copied to shared memory with 16-byte
+//      cp.async (coalesced: consecutive threads copy consecutive 16 bytes of a row), two
+//      stages: K tiles, then V tiles, through the same ring, so the first V tile is in
+//      flight while the softmax runs. Block ids of the partition are read into shared
+//      memory first. Scores for the whole partition stay in shared memory
+//      ([partition][GP] floats): Q.K, then max and sum over the partition, then P.V; no
+//      rescaling inside a partition. Writes the partition's unnormalized output, max and
+//      sum (float32) to the workspace.
 //   2. decode_merge_kernel, grid (q head, sequence): log-sum-exp merge of the partitions,
 //      writes `out` in out_dtype.
 // General (any q_len), general_attention_kernel<head_dim>, grid (kv head, query tile,
@@ -38,6 +39,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -959,7 +961,7 @@ int check_common(const char* fn, const KVCacheLayer& cache, int num_q_heads, DTy
 }
 
 // Multiprocessors of the current device (cached per device).
-int multiprocessors() {
+int device_multiprocessors() {
   static std::atomic<int> cached[64] = {};
   int device = 0;
   PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
@@ -1040,14 +1042,35 @@ bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads) {
          num_q_heads % num_kv_heads == 0 && num_q_heads / num_kv_heads <= kMaxGroup;
 }
 
-int decode_partition_tokens(int32_t num_seqs, int num_kv_heads, int32_t max_context) {
+int decode_partition_tokens_on(int32_t num_seqs, int num_kv_heads, int32_t max_context,
+                               int multiprocessors) {
   int tokens = kDecodeMaxPartitionTokens;
   if (num_seqs <= 0 || num_kv_heads <= 0 || max_context <= 0) return tokens;
-  const int64_t target = static_cast<int64_t>(multiprocessors()) * kDecodeTargetBlocksPerSM;
+  const int64_t target =
+      static_cast<int64_t>(std::max(multiprocessors, 1)) * kDecodeTargetBlocksPerSM;
   const int64_t rows = static_cast<int64_t>(num_seqs) * num_kv_heads;
   while (tokens > kDecodeMinPartitionTokens && rows * decode_parts(max_context, tokens) < target)
     tokens /= 2;
   return tokens;
+}
+int decode_partition_tokens(int32_t num_seqs, int num_kv_heads, int32_t max_context) {
+  return decode_partition_tokens_on(num_seqs, num_kv_heads, max_context, device_multiprocessors());
+}
+size_t paged_attention_decode_workspace_bound(int32_t max_seqs, int num_q_heads, int num_kv_heads,
+                                              int head_dim, int32_t max_context,
+                                              int multiprocessors) {
+  if (max_seqs <= 0 || num_q_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || max_context <= 0)
+    return 0;
+  if (multiprocessors <= 0) multiprocessors = device_multiprocessors();
+  // Blocks (sequence, KV head, partition) of any such batch: at most the longest batch's
+  // at 512 tokens; and where the length was halved, fewer than the target at twice it,
+  // so fewer than twice the target.
+  const int64_t target = static_cast<int64_t>(multiprocessors) * kDecodeTargetBlocksPerSM;
+  const int64_t blocks = std::max(static_cast<int64_t>(max_seqs) * num_kv_heads *
+                                      decode_parts(max_context, kDecodeMaxPartitionTokens),
+                                  2 * target);
+  return static_cast<size_t>(blocks) * (num_q_heads / num_kv_heads) * (head_dim + 2) *
+         sizeof(float);
 }
 size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int num_kv_heads,
                                               int head_dim, int32_t max_context,

@@ -150,6 +150,9 @@ inline constexpr int kDecodeMinPartitionTokens = 64;
 // blocks per multiprocessor.
 inline constexpr int kDecodeTargetBlocksPerSM = 2;
 int decode_partition_tokens(int32_t num_seqs, int num_kv_heads, int32_t max_context);
+// The same choice for a device with `multiprocessors` SMs (needs no device).
+int decode_partition_tokens_on(int32_t num_seqs, int num_kv_heads, int32_t max_context,
+                               int multiprocessors);
 
 // Whether both attention kernels take this shape (head_dim 16, 32, 64, 128 or 256; at
 // most 16 query heads per KV head): a model can be checked when it loads.
@@ -160,6 +163,14 @@ bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads);
 size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int num_kv_heads,
                                               int head_dim, int32_t max_context,
                                               int partition_tokens = 0);
+
+// The most scratch any batch of at most `max_seqs` sequences, at contexts up to
+// `max_context`, needs with the automatic partition length: a smaller batch can need
+// more than the largest one, its partitions being shorter. `multiprocessors` 0: the
+// current device's.
+size_t paged_attention_decode_workspace_bound(int32_t max_seqs, int num_q_heads, int num_kv_heads,
+                                              int head_dim, int32_t max_context,
+                                              int multiprocessors = 0);
 
 // `partition_tokens`: 0 for decode_partition_tokens(), or a power of two from 64 to 512
 // (benchmarks and tests); the workspace must have been sized with the same value.

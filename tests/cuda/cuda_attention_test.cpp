@@ -578,30 +578,64 @@ TEST(CudaAttention, DecodeWorkspaceCoversEveryPartition) {
 }
 
 // Long batches keep 512-token partitions; a lone sequence, or a few short ones, get
-// shorter partitions so that the grid still spans every multiprocessor.
+// shorter partitions so that the grid still spans every multiprocessor. (Needs no GPU.)
 TEST(CudaAttention, DecodePartitionsShrinkForSmallBatches) {
-  PAGELLM_REQUIRE_GPU();
-  cudaDeviceProp prop{};
-  PAGELLM_TEST_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const int64_t target = int64_t(prop.multiProcessorCount) * cuda::kDecodeTargetBlocksPerSM;
-  for (int seqs : {1, 2, 16, 64, 256, 1024}) {
-    for (int ctx : {1, 100, 512, 1024, 4096, 32768}) {
-      const int p = cuda::decode_partition_tokens(seqs, 8, ctx);
-      SCOPED_TRACE(std::to_string(seqs) + " x " + std::to_string(ctx) + ": " + std::to_string(p));
-      ASSERT_TRUE(p == 64 || p == 128 || p == 256 || p == 512);
-      const int64_t blocks = int64_t(seqs) * 8 * ((ctx + p - 1) / p);
-      // Shorter only when the longer partition left the grid below the target.
-      if (p < 512) {
-        EXPECT_LT(int64_t(seqs) * 8 * ((ctx + 2 * p - 1) / (2 * p)), target);
-      }
-      // And never shorter than needed.
-      if (p > 64) {
-        EXPECT_GE(blocks, target);
+  for (int sms : {1, 108, 132}) {
+    const int64_t target = int64_t(sms) * cuda::kDecodeTargetBlocksPerSM;
+    for (int seqs : {1, 2, 16, 64, 256, 1024}) {
+      for (int ctx : {1, 100, 512, 1024, 4096, 32768}) {
+        const int p = cuda::decode_partition_tokens_on(seqs, 8, ctx, sms);
+        SCOPED_TRACE(std::to_string(sms) + " SMs, " + std::to_string(seqs) + " x " +
+                     std::to_string(ctx) + ": " + std::to_string(p));
+        ASSERT_TRUE(p == 64 || p == 128 || p == 256 || p == 512);
+        const int64_t blocks = int64_t(seqs) * 8 * ((ctx + p - 1) / p);
+        // Shorter only when the longer partition left the grid below the target.
+        if (p < 512) {
+          EXPECT_LT(int64_t(seqs) * 8 * ((ctx + 2 * p - 1) / (2 * p)), target);
+        }
+        // And never shorter than needed.
+        if (p > 64) {
+          EXPECT_GE(blocks, target);
+        }
       }
     }
   }
-  EXPECT_EQ(cuda::decode_partition_tokens(1024, 8, 32768), 512);
-  EXPECT_EQ(cuda::decode_partition_tokens(1, 8, 100), 64);
+  EXPECT_EQ(cuda::decode_partition_tokens_on(1024, 8, 32768, 132), 512);
+  EXPECT_EQ(cuda::decode_partition_tokens_on(1, 8, 100, 132), 64);
+  EXPECT_EQ(cuda::decode_partition_tokens_on(1, 8, 512, 132), 64);    // Llama 3 8B, batch 1
+  EXPECT_EQ(cuda::decode_partition_tokens_on(8, 8, 2048, 132), 256);  // 256 blocks at 512
+  EXPECT_EQ(cuda::decode_partition_tokens_on(16, 8, 4096, 132), 512);
+}
+
+// The start-up bound covers the workspace of every smaller batch at every shorter
+// context, although a smaller batch can need more than the largest one. (Needs no GPU.)
+TEST(CudaAttention, DecodeWorkspaceBoundCoversEverySmallerBatch) {
+  struct Heads {
+    int q, kv, dim;
+  };
+  for (int sms : {1, 108, 132}) {
+    for (Heads h : {Heads{32, 8, 128}, Heads{28, 4, 128}, Heads{16, 16, 64}}) {
+      for (int max_seqs : {1, 3, 24, 256}) {
+        for (int max_ctx : {100, 1024, 8192}) {
+          const size_t bound = cuda::paged_attention_decode_workspace_bound(max_seqs, h.q, h.kv,
+                                                                            h.dim, max_ctx, sms);
+          for (int seqs = 1; seqs <= max_seqs; seqs += seqs < 32 ? 1 : 29) {
+            for (int ctx = 1; ctx <= max_ctx; ctx += ctx < 130 ? 1 : 61) {
+              const int p = cuda::decode_partition_tokens_on(seqs, h.kv, ctx, sms);
+              const size_t need =
+                  cuda::paged_attention_decode_workspace_bytes(seqs, h.q, h.kv, h.dim, ctx, p);
+              ASSERT_LE(need, bound)
+                  << sms << " SMs, " << h.q << "/" << h.kv << " heads, " << seqs << " of "
+                  << max_seqs << " sequences, context " << ctx << " of " << max_ctx;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bound(0, 32, 8, 128, 1024, 132), 0u);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bound(256, 32, 8, 128, 131072, 132),
+            size_t(256) * 8 * 256 * 4 * 130 * 4);
 }
 
 // Every partition length gives the same attention (to float32 rounding) on contexts
