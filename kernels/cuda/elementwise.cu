@@ -354,6 +354,8 @@ __global__ void __launch_bounds__(kRopeThreads)
       dst[i] = x0;
       dst[i + half] = x1;
     }
+    if (head_dim % 2 != 0 && threadIdx.x == 0)  // an odd head_dim's last value: not rotated
+      dst[head_dim - 1] = src[head_dim - 1];
     return;
   }
   const int64_t slot = slots[t];

@@ -324,7 +324,7 @@ TEST(CudaRope, RopeWriteKvEqualsRopeThenWriteKv) {
   Stream stream;
   std::mt19937 rng(seed);
   for (DType t : kAllTypes) {
-    for (int head_dim : {64, 128}) {
+    for (int head_dim : {64, 128, 17}) {  // (17: an odd head_dim's last value is not rotated)
       for (Heads h : {Heads{32, 8}, Heads{6, 2}, Heads{4, 4}}) {
         for (int64_t tokens : {1, 37}) {
           SCOPED_TRACE(std::string(dtype_name(t)) + " head_dim=" + std::to_string(head_dim) +
