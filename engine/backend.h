@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -17,6 +18,14 @@
 namespace pagellm::engine {
 
 class LlamaModel;
+
+// Thrown by a backend whose device can no longer run anything (a CUDA error that poisons
+// its context, such as an illegal memory access). The engine fails every request and
+// stops taking new ones, so that /health reports it; only a restart brings it back.
+class DeviceLostError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class Backend {
  public:
@@ -39,7 +48,9 @@ class Backend {
   virtual int64_t kv_cache_bytes() const = 0;
 
   // Runs one step: writes the batch's K/V into the pool and returns the argmax of every
-  // logit row, and the logits of the rows batch.host_logits asks for.
+  // logit row, and the logits of the rows batch.host_logits asks for. Throws
+  // DeviceLostError when the device is gone for good; another exception fails the step
+  // only.
   virtual void forward(const ForwardBatch& batch, ForwardOutput& out) = 0;
 };
 

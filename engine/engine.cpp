@@ -175,8 +175,13 @@ void Engine::loop() {
         break;
       }
       step();
+    } catch (const DeviceLostError& e) {
+      // The device runs nothing more: what is in flight fails, and new requests are
+      // refused (health reports the engine down) until a restart.
+      alive_ = false;
+      fail_all(std::string("internal error: ") + e.what());
     } catch (const std::exception& e) {
-      // Nothing brings the engine thread down: the requests in flight fail, the rest go on.
+      // Nothing else brings the engine down: the requests in flight fail, the rest go on.
       fail_all(std::string("internal error: ") + e.what());
     }
     // Idle now: the picture of the pool must show the final state.

@@ -356,6 +356,7 @@ class CudaBackend final : public Backend {
   }
 
   void finish_setup();
+  void run_step(const ForwardBatch& batch, ForwardOutput& out);  // forward, minus recovery
   void ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_width);
   void ensure_workspace(int32_t seqs, int32_t max_context);
   void reserve_workspace(size_t bytes);
@@ -692,6 +693,21 @@ void CudaBackend::capture(const Step& step, std::pair<int32_t, int32_t> key) {
 }
 
 void CudaBackend::forward(const ForwardBatch& batch, ForwardOutput& out) {
+  try {
+    run_step(batch, out);
+  } catch (const std::exception& e) {
+    // Nothing of this step may still run once the engine moves on (it reuses the pinned
+    // inputs). An error that a synchronize still reports is sticky: the context is
+    // poisoned and every later call would fail too.
+    cudaGetLastError();
+    if (cudaStreamSynchronize(stream_) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+      throw DeviceLostError(std::string(e.what()) +
+                            " (the GPU can run nothing more; restart the server)");
+    throw;
+  }
+}
+
+void CudaBackend::run_step(const ForwardBatch& batch, ForwardOutput& out) {
   if (kv_.empty()) throw std::logic_error("forward before allocate_kv_cache");
   // The engine thread is not the one that loaded the model: the current device is
   // per thread.

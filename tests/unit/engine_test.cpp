@@ -10,7 +10,9 @@
 #include <random>
 #include <thread>
 
+#include "engine/backend.h"
 #include "engine/demo_model.h"
+#include "engine/llama_model.h"
 #include "support/temp_model.h"
 
 namespace pagellm::engine {
@@ -242,6 +244,65 @@ TEST_F(EngineTest, RefusesWhatCanNeverRunAndFullQueues) {
   auto full = engine->submit(greedy({1, 2, 3}, 1));
   EXPECT_EQ(full.status, scheduler::AddStatus::kQueueFull);
   EXPECT_NE(full.message.find("retry"), std::string::npos);
+}
+
+// The CPU backend, except that forward calls number `fail_from` to `fail_to` throw `Error`.
+template <typename Error>
+class FailingBackend final : public Backend {
+ public:
+  FailingBackend(std::unique_ptr<Backend> inner, int fail_from, int fail_to)
+      : inner_(std::move(inner)), fail_from_(fail_from), fail_to_(fail_to) {}
+  std::string_view name() const override { return inner_->name(); }
+  std::string device_description() const override { return inner_->device_description(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  int64_t weight_bytes_per_step() const override { return inner_->weight_bytes_per_step(); }
+  void allocate_kv_cache(int64_t num_blocks, kernels::DType dtype) override {
+    inner_->allocate_kv_cache(num_blocks, dtype);
+  }
+  int64_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
+  void forward(const ForwardBatch& batch, ForwardOutput& out) override {
+    ++calls_;
+    if (calls_ >= fail_from_ && calls_ <= fail_to_) throw Error("the device fell over");
+    inner_->forward(batch, out);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  const int fail_from_, fail_to_;
+  int calls_ = 0;
+};
+
+template <typename Error>
+std::unique_ptr<Engine> engine_failing(const fs::path& model, std::shared_ptr<const Tokenizer> t,
+                                       int fail_from, int fail_to) {
+  EngineConfig config;
+  config.num_kv_blocks = 64;
+  config.seed = 1;
+  return std::make_unique<Engine>(
+      std::make_unique<FailingBackend<Error>>(make_cpu_backend(LlamaModel::load(model)), fail_from,
+                                              fail_to),
+      std::move(t), config);
+}
+
+TEST_F(EngineTest, AFailedStepFailsItsRequestsAndTheEngineGoesOn) {
+  auto engine = engine_failing<std::runtime_error>(model_->path(), *tokenizer_, 3, 3);
+  const GenerationChunk failed = engine->submit(greedy({5, 6, 7}, 10)).stream->collect();
+  EXPECT_NE(failed.error.find("the device fell over"), std::string::npos) << failed.error;
+  EXPECT_TRUE(engine->alive());
+  const GenerationChunk next = engine->submit(greedy({5, 6, 7}, 10)).stream->collect();
+  EXPECT_EQ(next.error, "");
+  EXPECT_EQ(next.tokens.size(), 10u);
+}
+
+TEST_F(EngineTest, ALostDeviceFailsEveryRequestAndStopsTheEngine) {
+  auto engine = engine_failing<DeviceLostError>(model_->path(), *tokenizer_, 3, 1 << 30);
+  const GenerationChunk failed = engine->submit(greedy({5, 6, 7}, 10)).stream->collect();
+  EXPECT_NE(failed.error.find("the device fell over"), std::string::npos) << failed.error;
+  EXPECT_FALSE(engine->alive());
+  EXPECT_FALSE(engine->stats().alive);
+  const SubmitResult refused = engine->submit(greedy({5, 6, 7}, 10));
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(refused.message, "the engine is not running");
 }
 
 }  // namespace
