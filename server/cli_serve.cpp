@@ -333,7 +333,15 @@ int run_serve(Args args) {
           engine::plan_kv_pool(mc, engine::default_kv_dtype(mc), std::nullopt, *o.kv_cache_bytes)
               .num_blocks;
     } else if (auto budget = backend->kv_cache_budget(o.gpu_memory_utilization)) {
-      config.num_kv_blocks = engine::kv_blocks_for_bytes(mc, engine::default_kv_dtype(mc), *budget);
+      const kernels::DType kv_dtype = engine::default_kv_dtype(mc);
+      config.num_kv_blocks = engine::kv_blocks_for_bytes(mc, kv_dtype, *budget);
+      if (config.num_kv_blocks <= 0) {
+        throw std::runtime_error(fmt::format(
+            "--gpu-memory-utilization {} leaves {} bytes of the GPU's free memory for the KV "
+            "cache, which holds no KV block: one block takes {} bytes",
+            o.gpu_memory_utilization, *budget,
+            mc.kv_bytes_per_token(kv_dtype) * paging::kBlockSize));
+      }
     } else {
       config.num_kv_blocks = default_kv_blocks(mc, o);
     }

@@ -163,7 +163,7 @@ class CudaBackend final : public Backend {
           "backend cuda: attention supports head_dim 16, 32, 64, 128 or 256 and "
           "at most 16 query heads per KV head; this model has head_dim " +
           std::to_string(D) + ", " + std::to_string(config_.num_heads) + " query and " +
-          std::to_string(config_.num_kv_heads) + " KV heads");
+          std::to_string(config_.num_kv_heads) + " KV heads (serve it with --backend cpu)");
     }
     q_dim_ = config_.num_heads * D;
     kv_dim_ = config_.num_kv_heads * D;
