@@ -44,7 +44,10 @@ const char* dashboard_html() {
 const colors = { u: [22, 163, 74], s: [147, 51, 234], c: [96, 165, 250], '.': [229, 231, 235] };
 const history = { occupancy: [], requests: [], rate: [] };
 const keep = 240;  // two minutes of polls
-let last = null;
+// Tokens/s is averaged over the polls of the last few seconds: a single 500 ms interval
+// can fall between two steps of a busy engine and read 0.
+const rateWindow = 4;  // seconds
+let samples = [];      // {t, tokens}, oldest first
 function headers() {
   const key = sessionStorage.getItem('pagellm-key');
   return key ? { 'Authorization': 'Bearer ' + key } : {};
@@ -110,11 +113,13 @@ async function poll() {
     }
     const s = await res.json();
     const now = performance.now() / 1000;
-    let rate = 0;
-    if (last && now > last.t) {
-      rate = (s.scheduler.generation_tokens - last.s.scheduler.generation_tokens) / (now - last.t);
-    }
-    last = { t: now, s: s };
+    const tokens = s.scheduler.generation_tokens;
+    // A restarted server counts from 0 again.
+    if (samples.length && tokens < samples[samples.length - 1].tokens) samples = [];
+    samples.push({ t: now, tokens: tokens });
+    while (samples.length > 2 && now - samples[1].t >= rateWindow) samples.shift();
+    const first = samples[0];
+    const rate = now > first.t ? (tokens - first.tokens) / (now - first.t) : 0;
     const kv = s.kv_cache;
     document.getElementById('cards').innerHTML =
       card('running', s.num_requests_running) + card('waiting', s.num_requests_waiting) +
