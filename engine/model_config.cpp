@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
-#include <sstream>
 
+#include "engine/config_file.h"
 #include "engine/tokenizer_config.h"
 
 namespace pagellm::engine {
@@ -95,26 +94,6 @@ class FieldReader {
   std::string origin_;
   std::string prefix_;
 };
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path.string() + ": cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// The JSON object of a config file's text; errors name `origin`.
-json parse_object(const std::string& text, const std::string& origin) {
-  json value;
-  try {
-    value = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw ConfigError(origin + ": not valid JSON: " + e.what());
-  }
-  if (!value.is_object()) throw ConfigError(origin + ": expected a JSON object at the top level");
-  return value;
-}
 
 struct ArchitectureName {
   const char* class_name;
@@ -337,7 +316,7 @@ int64_t ModelConfig::kv_bytes_per_token(kernels::DType cache_dtype) const {
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& origin) {
-  const json config = parse_object(json_text, origin);
+  const json config = parse_config_object(json_text, origin);
   const FieldReader fields(config, origin);
 
   ModelConfig out;
@@ -428,12 +407,12 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   const std::filesystem::path file = model_dir / "config.json";
-  ModelConfig config = parse_model_config(read_file(file), file.string());
+  ModelConfig config = parse_model_config(read_config_file(file), file.string());
   // Chat checkpoints often name their end-of-turn token only in generation_config.json
   // (Llama 3 Instruct's <|eot_id|>): generation stops on those ids too.
   const std::filesystem::path generation = model_dir / "generation_config.json";
   if (std::filesystem::exists(generation)) {
-    const json g = parse_object(read_file(generation), generation.string());
+    const json g = parse_config_object(read_config_file(generation), generation.string());
     const FieldReader fields(g, generation.string());
     config.generation_defaults = read_generation_defaults(fields);
     for (int64_t id : read_eos(fields, config.vocab_size)) {

@@ -7,11 +7,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
+#include "engine/config_file.h"
 #include "engine/tokenizer_config.h"
 
 namespace pagellm::engine {
@@ -45,14 +44,6 @@ uint64_t read_le64(const uint8_t* p) {
   for (int i = 7; i >= 0; --i)
     v = (v << 8) | p[i];
   return v;
-}
-
-std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path.string() + ": cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 }  // namespace
@@ -109,7 +100,7 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::filesystem::path& m
   const std::string origin = index_file.string();
   json index;
   try {
-    index = json::parse(read_text_file(index_file));
+    index = json::parse(read_config_file(index_file));
   } catch (const json::parse_error& e) {
     throw ConfigError(origin + ": not valid JSON: " + e.what());
   }

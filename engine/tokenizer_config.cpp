@@ -1,21 +1,13 @@
 #include "engine/tokenizer_config.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "engine/config_file.h"
 
 namespace pagellm::engine {
 namespace {
 
 using nlohmann::json;
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path.string() + ": cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // A special token is written either as a string or as an AddedToken object.
 std::optional<std::string> token_string(const json& config, const char* key,
@@ -58,13 +50,7 @@ std::optional<std::string> chat_template(const json& config, const std::string& 
 }  // namespace
 
 TokenizerConfig parse_tokenizer_config(const std::string& json_text, const std::string& origin) {
-  json config;
-  try {
-    config = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw ConfigError(origin + ": not valid JSON: " + e.what());
-  }
-  if (!config.is_object()) throw ConfigError(origin + ": expected a JSON object at the top level");
+  const json config = parse_config_object(json_text, origin);
 
   TokenizerConfig out;
   out.bos_token = token_string(config, "bos_token", origin);
@@ -87,10 +73,11 @@ TokenizerConfig parse_tokenizer_config(const std::string& json_text, const std::
 TokenizerConfig load_tokenizer_config(const std::filesystem::path& model_dir) {
   const auto path = model_dir / "tokenizer_config.json";
   TokenizerConfig out;
-  if (std::filesystem::exists(path)) out = parse_tokenizer_config(read_file(path), path.string());
+  if (std::filesystem::exists(path))
+    out = parse_tokenizer_config(read_config_file(path), path.string());
   if (!out.chat_template) {
     const auto jinja = model_dir / "chat_template.jinja";
-    if (std::filesystem::exists(jinja)) out.chat_template = read_file(jinja);
+    if (std::filesystem::exists(jinja)) out.chat_template = read_config_file(jinja);
   }
   return out;
 }
