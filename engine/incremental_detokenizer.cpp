@@ -197,37 +197,53 @@ struct IncrementalDetokenizer::State {
       ids.push_back(id);
       return;
     }
-    const size_t index = token_index++;
+    bool byte = false;
+    const std::string piece = token_piece(*token, token_index++, byte);
     switch (join) {
       case Join::kSpaced:
-        if (index > 0) emit_text(" ", out);
-        emit_text(*token, out);
+      case Join::kPlain:
+        emit_text(piece, out);
         return;
-      case Join::kByteLevel: {
-        const size_t mark = pending.size();
-        if (!byte_level::decode(*token, pending)) {
-          pending.resize(mark);
-          pending += *token;
-        }
+      case Join::kByteLevel:
+        pending += piece;
         drain_pending(out, false, false);
         return;
-      }
-      case Join::kByteFallback: {
-        std::string text = apply_token_steps(*token, index);
-        const int byte = byte_fallback_value(text);
-        if (byte >= 0) {
-          pending.push_back(static_cast<char>(byte));
+      case Join::kByteFallback:
+        if (byte) {
+          pending += piece;
           drain_pending(out, false, true);
           return;
         }
         drain_pending(out, true, true);  // the run ends: leftovers are U+FFFD per byte
-        emit_text(text, out);
-        return;
-      }
-      case Join::kPlain:
-        emit_text(apply_token_steps(*token, index), out);
+        emit_text(piece, out);
         return;
     }
+  }
+
+  // The bytes the `index`-th token adds to the text, before characters split across
+  // tokens are put together: a byte-level token's bytes, or the one byte of a <0xNN>
+  // byte-fallback token (`byte` set then), may be part of a character.
+  std::string token_piece(const std::string& token, size_t index, bool& byte) const {
+    byte = false;
+    switch (join) {
+      case Join::kSpaced:
+        return index > 0 ? " " + token : token;
+      case Join::kByteLevel: {
+        std::string bytes;
+        if (!byte_level::decode(token, bytes)) bytes = token;  // an added token's text
+        return bytes;
+      }
+      case Join::kByteFallback: {
+        std::string text = apply_token_steps(token, index);
+        const int value = byte_fallback_value(text);
+        if (value < 0) return text;
+        byte = true;
+        return std::string(1, static_cast<char>(value));
+      }
+      case Join::kPlain:
+        break;
+    }
+    return apply_token_steps(token, index);
   }
 
   std::string apply_token_steps(const std::string& token, size_t index) const {
@@ -303,23 +319,8 @@ std::string IncrementalDetokenizer::token_bytes(TokenId id) const {
     const TokenId one[] = {id};
     return s.tokenizer.decode(one, false, false);
   }
-  std::string out;
-  switch (s.join) {
-    case State::Join::kSpaced:
-      return " " + *token;  // joined with a space after the first token
-    case State::Join::kByteLevel:
-      if (!byte_level::decode(*token, out)) out = *token;  // an added token's text
-      return out;
-    case State::Join::kByteFallback: {
-      out = s.apply_token_steps(*token, 1);
-      const int byte = byte_fallback_value(out);
-      if (byte >= 0) return std::string(1, static_cast<char>(byte));
-      return out;
-    }
-    case State::Join::kPlain:
-      return s.apply_token_steps(*token, 1);
-  }
-  return out;
+  bool byte = false;
+  return s.token_piece(*token, 1, byte);
 }
 
 IncrementalDetokenizer::~IncrementalDetokenizer() = default;
