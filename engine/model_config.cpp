@@ -60,6 +60,12 @@ class FieldReader {
     if (!v->is_boolean()) fail(key, "must be a boolean, not " + describe(*v));
     return v->get<bool>();
   }
+  // nullptr when absent or null.
+  const json* optional_object(const std::string& key) const {
+    const json* v = find(key);
+    if (v && !v->is_object()) fail(key, "must be an object or null, not " + describe(*v));
+    return v;
+  }
   std::optional<std::string> optional_string(const std::string& key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
@@ -192,19 +198,11 @@ std::optional<Llama3RopeScaling> read_llama3_scaling(const FieldReader& sub,
 void read_rope(const FieldReader& fields, const std::string& origin, ModelConfig& out) {
   out.rope_theta = fields.number_or("rope_theta", 10000.0);
   if (!(out.rope_theta > 0)) fields.fail("rope_theta", "must be positive");
-  if (const json* scaling = fields.find("rope_scaling")) {
-    if (!scaling->is_object()) {
-      fields.fail("rope_scaling",
-                  "must be an object or null, not " + FieldReader::describe(*scaling));
-    }
+  if (const json* scaling = fields.optional_object("rope_scaling")) {
     out.rope_scaling = read_llama3_scaling(FieldReader(*scaling, origin, "rope_scaling."), fields,
                                            "rope_scaling", true);
   }
-  if (const json* params = fields.find("rope_parameters")) {
-    if (!params->is_object()) {
-      fields.fail("rope_parameters",
-                  "must be an object or null, not " + FieldReader::describe(*params));
-    }
+  if (const json* params = fields.optional_object("rope_parameters")) {
     for (const auto& item : params->items()) {
       if (item.value().is_object()) {
         fields.fail("rope_parameters", "gives parameters per layer type ('" + item.key() +
