@@ -10,6 +10,7 @@
 #include <numbers>
 
 #include "engine/tokenizer_config.h"
+#include "support/temp_model.h"
 
 namespace pagellm::engine {
 namespace {
@@ -430,9 +431,8 @@ TEST(ModelConfig, LoadNamesTheFile) {
 // Chat checkpoints list their end-of-turn token in generation_config.json (Llama 3
 // Instruct's 128009); generation stops on those as well as on config.json's.
 TEST(ModelConfig, LoadAddsGenerationConfigEosTokens) {
-  const auto dir = std::filesystem::temp_directory_path() / "pagellm_generation_config_test";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const testing::TempDir temp("pagellm_generation_config_test");
+  const std::filesystem::path& dir = temp.path();
   std::ofstream(dir / "config.json") << kTinyLlama;
   EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int64_t>{2}));
   std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [2, 7, 7], "top_p": 0.9})";
@@ -452,15 +452,13 @@ TEST(ModelConfig, LoadAddsGenerationConfigEosTokens) {
   }
   std::ofstream(dir / "generation_config.json") << "{not json";
   EXPECT_THROW(load_model_config(dir), ConfigError);
-  std::filesystem::remove_all(dir);
 }
 
 // Sampling parameters of generation_config.json (Qwen2.5 Instruct's, for example) become
 // the serving defaults; out-of-range values are errors naming the file.
 TEST(ModelConfig, LoadReadsGenerationConfigSamplingDefaults) {
-  const auto dir = std::filesystem::temp_directory_path() / "pagellm_generation_defaults_test";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const testing::TempDir temp("pagellm_generation_defaults_test");
+  const std::filesystem::path& dir = temp.path();
   std::ofstream(dir / "config.json") << kTinyLlama;
   EXPECT_TRUE(load_model_config(dir).generation_defaults.empty());
   std::ofstream(dir / "generation_config.json")
@@ -478,7 +476,6 @@ TEST(ModelConfig, LoadReadsGenerationConfigSamplingDefaults) {
     std::ofstream(dir / "generation_config.json") << bad;
     EXPECT_THROW(load_model_config(dir), ConfigError) << bad;
   }
-  std::filesystem::remove_all(dir);
 }
 
 // The published llama3 rule, in double precision, written out independently of the
