@@ -1,13 +1,14 @@
 #pragma once
 // What the throughput benchmarks share: the model they run on (--model DIR, or the
-// `bench` demo model written once under models/bench) and their list options.
+// `bench` demo model written once under models/bench) and their list options
+// (list_options.h).
 
 #include <cstdio>
 #include <filesystem>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/list_options.h"
 #include "engine/demo_model.h"
 
 namespace pagellm::bench {
@@ -20,15 +21,6 @@ inline std::filesystem::path bench_model_dir(std::filesystem::path requested) {
     engine::write_demo_model(dir, engine::demo_model_preset("bench"));
   }
   return dir;
-}
-
-// "1,8,32" as {1, 8, 32}.
-inline std::vector<int> parse_int_list(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream list(text);
-  for (std::string item; std::getline(list, item, ',');)
-    out.push_back(std::stoi(item));
-  return out;
 }
 
 }  // namespace pagellm::bench

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench/cuda_bandwidth.h"
+#include "bench/list_options.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels.h"
 
@@ -137,22 +138,10 @@ Result run_shape(int batch, int context, int partition, double copy_gbps, uint64
   return r;
 }
 
-// "a,b,c" -> {"a", "b", "c"}.
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> items;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t end = std::min(text.find(',', pos), text.size());
-    items.push_back(text.substr(pos, end - pos));
-    pos = end + 1;
-  }
-  return items;
-}
-
 // "16x4096,64x1024" -> {{16, 4096}, {64, 1024}}.
 std::vector<std::pair<int, int>> parse_shapes(const std::string& text) {
   std::vector<std::pair<int, int>> shapes;
-  for (const std::string& item : split_list(text)) {
+  for (const std::string& item : bench::split_list(text)) {
     int batch = 0, context = 0;
     char x = 0, extra = 0;
     if (std::sscanf(item.c_str(), "%d%c%d%c", &batch, &x, &context, &extra) != 3 || x != 'x' ||
@@ -160,6 +149,7 @@ std::vector<std::pair<int, int>> parse_shapes(const std::string& text) {
       throw std::runtime_error("--shapes: '" + item + "' is not BATCHxCONTEXT");
     shapes.emplace_back(batch, context);
   }
+  if (shapes.empty()) throw std::runtime_error("--shapes: no BATCHxCONTEXT given");
   return shapes;
 }
 
@@ -174,9 +164,7 @@ int run(int argc, char** argv) {
     } else if (a == "--shapes" && i + 1 < argc) {
       shapes = parse_shapes(argv[++i]);
     } else if (a == "--partitions" && i + 1 < argc) {
-      partitions.clear();
-      for (const std::string& item : split_list(argv[++i]))
-        partitions.push_back(std::stoi(item));
+      partitions = bench::parse_int_list(argv[++i]);
     } else {
       std::fprintf(stderr, "usage: %s [--shapes BxC,...] [--partitions P,...] [--json FILE]\n",
                    argv[0]);
