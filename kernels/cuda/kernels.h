@@ -125,7 +125,10 @@ struct PagedAttentionBatch {
 // std::invalid_argument. q, out, the cache's k and v (and the decode workspace) must be
 // 16-byte aligned. A row's result does not depend on the rest of its batch, nor (here) on
 // how its prompt was cut into chunks; the two kernels agree with each other to float32
-// rounding, not bit for bit.
+// rounding, not bit for bit. In decode this holds for a given partition length: the
+// automatic length (decode_partition_tokens) depends on the grid, so a sequence alone
+// may be cut into shorter partitions than in a large batch, and its sums then round
+// differently.
 void paged_attention(const float* q,  // [num_tokens, num_q_heads, head_dim]
                      const KVCacheLayer& cache, const PagedAttentionBatch& batch,
                      int32_t num_tokens, int32_t max_q_len, int num_q_heads, float scale,

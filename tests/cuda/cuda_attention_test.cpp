@@ -184,7 +184,7 @@ class Problem {
   }
 
   // The decode kernel on sequence `i` alone (its own batch of one).
-  std::vector<float> run_decode_alone(int i, int32_t max_context) const {
+  std::vector<float> run_decode_alone(int i, int32_t max_context, int partition_tokens = 0) const {
     const int64_t width = int64_t(s_.hq) * s_.head_dim;
     const std::vector<float> q(q_.begin() + i * width, q_.begin() + (i + 1) * width);
     const std::vector<int32_t> starts = {0, 1}, ctx = {ctx_[i]};
@@ -194,12 +194,12 @@ class Problem {
                        dc = DeviceBuffer::from(ctx), dt = DeviceBuffer::from(table);
     const cuda::PagedAttentionBatch batch{
         1, ds.get<int32_t>(), dc.get<int32_t>(), dt.get<int32_t>(), max_blocks_, window_};
-    DeviceBuffer ws(
-        cuda::paged_attention_decode_workspace_bytes(1, s_.hq, s_.hkv, s_.head_dim, max_context));
+    DeviceBuffer ws(cuda::paged_attention_decode_workspace_bytes(1, s_.hq, s_.hkv, s_.head_dim,
+                                                                 max_context, partition_tokens));
     DeviceBuffer out(width * dtype_size(s_.out));
     out.poison();
     cuda::paged_attention_decode(dq.get<float>(), gpu_cache(), batch, max_context, s_.hq, scale(),
-                                 ws.get(), out.get(), s_.out, nullptr);
+                                 ws.get(), out.get(), s_.out, nullptr, partition_tokens);
     return finish(out);
   }
 
@@ -484,7 +484,8 @@ TEST(CudaAttention, DecodeAndGeneralKernelsAgree) {
 }
 
 // A sequence's output does not depend on its batch: alone or among others, the same bits
-// (decode: also whatever grid the batch's max_context asks for).
+// (decode: for one partition length, whatever grid the batch's max_context asks for; the
+// automatic length itself depends on the grid, as kernels.h says).
 TEST(CudaAttention, ResultsDoNotDependOnTheBatch) {
   PAGELLM_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -493,11 +494,15 @@ TEST(CudaAttention, ResultsDoNotDependOnTheBatch) {
   {
     const std::vector<int32_t> ctx = {1500, 17, 600, 4000, 1, 512};
     const Problem p = decode_problem(s, ctx, 0, seed);
-    const auto batch = p.run_decode(4096);
-    for (int i = 0; i < static_cast<int>(ctx.size()); ++i) {
-      EXPECT_TRUE(p.run_decode_alone(i, 4096) == p.rows_of(batch, i)) << "decode, sequence " << i;
-      EXPECT_TRUE(p.run_decode_alone(i, ctx[i]) == p.rows_of(batch, i))
-          << "decode with a grid for its own context, sequence " << i;
+    for (const int part : {128, 512}) {
+      SCOPED_TRACE("partitions of " + std::to_string(part) + " tokens");
+      const auto batch = p.run_decode(4096, part);
+      for (int i = 0; i < static_cast<int>(ctx.size()); ++i) {
+        EXPECT_TRUE(p.run_decode_alone(i, 4096, part) == p.rows_of(batch, i))
+            << "decode, sequence " << i;
+        EXPECT_TRUE(p.run_decode_alone(i, ctx[i], part) == p.rows_of(batch, i))
+            << "decode with a grid for its own context, sequence " << i;
+      }
     }
   }
   {
