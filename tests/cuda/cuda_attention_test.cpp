@@ -389,7 +389,7 @@ TEST(CudaAttention, DecodeBatchesOfOneTo256Sequences) {
   }
 }
 
-// One 32k sequence (64 partitions) and 16 x 4k (long sums: compared in bf16, where the
+// One 32k sequence (hundreds of partitions) and 16 x 4k (long sums: compared in bf16, where the
 // float32 CPU reference's own rounding over thousands of terms is far below tolerance).
 TEST(CudaAttention, DecodeLongContexts) {
   PAGELLM_REQUIRE_GPU();
