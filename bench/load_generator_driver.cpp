@@ -187,6 +187,14 @@ RequestResult send_request(httplib::Client& client, const Target& target, const 
     return true;
   };
   auto res = client.send(req);
+  // A connection kept from an earlier request may have been closed by the server in the
+  // meantime (llama.cpp's server closes one after each streamed response, although it
+  // says Keep-Alive): the request then fails before any byte of an answer. It goes once
+  // more, on a new connection; its times count from the first try.
+  if (!res && (res.error() == httplib::Error::Read || res.error() == httplib::Error::Write) &&
+      result.http_status == 0 && raw.empty() && chunks == 0 && !timed_out &&
+      Clock::now() < deadline)
+    res = client.send(req);
   result.e2e_s = std::chrono::duration<double>(Clock::now() - start).count();
   // A stream that went quiet before the deadline ends only at the read timeout.
   if (result.e2e_s > o.timeout_s) timed_out = true;

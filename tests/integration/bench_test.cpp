@@ -2,13 +2,18 @@
 // tiny demo model, checked through the JSON report.
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "support/server_process.h"
 
@@ -101,6 +106,117 @@ TEST(BenchTest, OpenLoopPoissonArrivalsWithoutSharedPrefix) {
   EXPECT_EQ(run.report["completed"], 10);
   EXPECT_EQ(run.report["request_rate"], 50.0);
   EXPECT_EQ(kv_used_blocks_when_idle(server), 0);
+}
+
+// An OpenAI-style server that streams each completion and says "Keep-Alive", but closes
+// the connection when the next request arrives on it, unanswered: the race a client
+// reusing a connection meets when the server drops it (llama.cpp's server closes every
+// connection after a streamed response). Anything else gets a 404. One connection at a
+// time.
+class ClosingServer {
+ public:
+  ClosingServer() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd_, 16) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      return;
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~ClosingServer() {
+    stop_ = true;
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  int completions() const { return completions_; }
+
+ private:
+  void serve() {
+    std::vector<std::thread> connections;
+    while (!stop_) {
+      const int c = accept(fd_, nullptr, nullptr);
+      if (c >= 0) connections.emplace_back([this, c] { answer(c); });
+    }
+    for (auto& t : connections)
+      t.join();
+  }
+
+  void answer(int c) {
+    // One request: headers, then Content-Length bytes of body.
+    std::string in;
+    char buf[4096];
+    size_t body_at = std::string::npos, need = 0;
+    while (true) {
+      const ssize_t n = read(c, buf, sizeof buf);
+      if (n <= 0) break;
+      in.append(buf, n);
+      if (body_at == std::string::npos && (body_at = in.find("\r\n\r\n")) != std::string::npos) {
+        body_at += 4;
+        const size_t cl = in.find("Content-Length: ");
+        need = cl != std::string::npos && cl < body_at ? std::stoul(in.substr(cl + 16)) : 0;
+      }
+      if (body_at != std::string::npos && in.size() >= body_at + need) break;
+    }
+    std::string out;
+    if (in.rfind("POST /v1/completions ", 0) == 0) {
+      ++completions_;
+      std::string events;
+      for (int i = 0; i < 4; ++i)
+        events += "data: {\"choices\":[{\"index\":0,\"text\":\" t\"}]}\n\n";
+      events +=
+          "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":4}}"
+          "\n\ndata: [DONE]\n\n";
+      char size[16];
+      std::snprintf(size, sizeof size, "%zx", events.size());
+      out =
+          "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+          "Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n" +
+          std::string(size) + "\r\n" + events + "\r\n0\r\n\r\n";
+    } else {
+      out = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nKeep-Alive: timeout=5\r\n\r\n";
+    }
+    for (size_t sent = 0; sent < out.size();) {
+      const ssize_t n = write(c, out.data() + sent, out.size() - sent);
+      if (n <= 0) break;
+      sent += n;
+    }
+    (void)read(c, buf, sizeof buf);  // the client's next request, or its close
+    close(c);
+  }
+
+  int fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> completions_{0};
+  std::thread thread_;
+};
+
+// A request that meets a connection the server has closed goes again on a new one: no
+// request fails, and none is answered twice.
+TEST(BenchTest, ConnectionsTheServerClosesAreReopened) {
+  ClosingServer server;
+  ASSERT_GT(server.port(), 0);
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("pagellm_bench_closing_" + std::to_string(getpid()) + ".json");
+  std::string output;
+  const int code = test::run_command(std::string(PAGELLM_BINARY) + " bench --url " + server.url() +
+                                         " --model fake --no-progress --json '" + path.string() +
+                                         "' --concurrency 1 --num-requests 8 --input-len 8 "
+                                         "--output-len 4 --warmup 2",
+                                     output);
+  const json report = json::parse(test::read_text_file(path), nullptr, false);
+  std::filesystem::remove(path);
+  EXPECT_EQ(code, 0) << output;
+  ASSERT_FALSE(report.is_discarded()) << output;
+  EXPECT_EQ(report["completed"], 8) << report["errors"].dump();
+  EXPECT_EQ(report["failed"], 0) << report["errors"].dump();
+  EXPECT_EQ(server.completions(), 10);  // 2 warm-up + 8, each sent once
 }
 
 TEST(BenchTest, FailedRequestsAreCountedWithTheirErrorAndExitNonZero) {
