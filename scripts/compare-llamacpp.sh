@@ -13,7 +13,8 @@
 # llama.cpp's source comes from the npm registry: the node-llama-cpp package carries it as
 # a git bundle (tag in its llama/llama.cpp.info.json). It is built once, CPU only, for
 # this machine (-march=native), in .llamacpp/. Needs node and npm, cmake and ninja, and
-# pagellm built (make build). Takes about 15 minutes on 2 cores, plus the build.
+# pagellm built (make build). 3 rounds take about 6 minutes on 2 cores; the first build of
+# llama.cpp about 12 more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
