@@ -244,7 +244,7 @@ struct DecodeParams {
   int dv_shift;                  // log2(head_dim / 8)
   int units_shift;               // log2(GP / 4 * head_dim / 8)
   int num_parts;                 // partitions per sequence in the workspace
-  int part_tokens, part_blocks;  // tokens (a multiple of kDecodeTile) and KV blocks each
+  int part_tokens;               // tokens per partition (a multiple of kDecodeTile)
   float scale;
   float* ws_out;  // [num_seqs, num_q_heads, num_parts, head_dim]
   float* ws_max;  // [num_seqs, num_q_heads, num_parts]
@@ -285,8 +285,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
 
   // Block ids of the partition's blocks that hold valid tokens, -1 for the others (never
   // read: entries before the window may be -1, entries past the context may be anything).
-  if (tid < p.part_blocks) {
-    const int b = part * p.part_blocks + tid;
+  const int part_blocks = p.part_tokens / kBlockSize;
+  if (tid < part_blocks) {
+    const int b = part * part_blocks + tid;
     int id = -1;
     if (b < p.max_blocks_per_seq && b * kBlockSize < ctx && (b + 1) * kBlockSize > lo)
       id = p.block_tables[static_cast<int64_t>(seq) * p.max_blocks_per_seq + b];
@@ -1126,7 +1127,6 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
     p.units_shift = log2_exact(gp / kPvHeads) + p.dv_shift;
     p.num_parts = static_cast<int>(parts);
     p.part_tokens = part_tokens;
-    p.part_blocks = part_tokens / kBlockSize;
     p.scale = scale;
     p.ws_out = ws_out;
     p.ws_max = ws_max;

@@ -309,6 +309,17 @@ __device__ __forceinline__ void rotate_pair(float& x0, float& x1, float pos, flo
   x1 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
 }
 
+// Rotates one head: pairs (i, i + half) of `src` into `dst` (which may be `src`).
+__device__ __forceinline__ void rotate_head(const float* src, float* dst, int half, float pos,
+                                            const float* __restrict__ inv_freq) {
+  for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+    float x0 = src[i], x1 = src[i + half];
+    rotate_pair(x0, x1, pos, inv_freq[i]);
+    dst[i] = x0;
+    dst[i + half] = x1;
+  }
+}
+
 __global__ void __launch_bounds__(kRopeThreads)
     rope_kernel(float* __restrict__ q, float* __restrict__ k, const int32_t* __restrict__ positions,
                 int num_q_heads, int num_kv_heads, int head_dim,
@@ -320,12 +331,7 @@ __global__ void __launch_bounds__(kRopeThreads)
   float* head = h < num_q_heads
                     ? q + (t * num_q_heads + h) * static_cast<int64_t>(head_dim)
                     : k + (t * num_kv_heads + (h - num_q_heads)) * static_cast<int64_t>(head_dim);
-  for (int i = threadIdx.x; i < half; i += kRopeThreads) {
-    float x0 = head[i], x1 = head[i + half];
-    rotate_pair(x0, x1, pos, inv_freq[i]);
-    head[i] = x0;
-    head[i + half] = x1;
-  }
+  rotate_head(head, head, half, pos, inv_freq);
 }
 
 // rope_write_kv: block (t, h) takes head h of token t's fused q|k|v row: a query head is
@@ -348,12 +354,7 @@ __global__ void __launch_bounds__(kRopeThreads)
   if (h < num_q_heads) {
     const float* src = row + static_cast<int64_t>(h) * head_dim;
     float* dst = q + (t * num_q_heads + h) * static_cast<int64_t>(head_dim);
-    for (int i = threadIdx.x; i < half; i += kRopeThreads) {
-      float x0 = src[i], x1 = src[i + half];
-      rotate_pair(x0, x1, pos, inv_freq[i]);
-      dst[i] = x0;
-      dst[i + half] = x1;
-    }
+    rotate_head(src, dst, half, pos, inv_freq);
     if (head_dim % 2 != 0 && threadIdx.x == 0)  // an odd head_dim's last value: not rotated
       dst[head_dim - 1] = src[head_dim - 1];
     return;

@@ -29,7 +29,9 @@ struct BenchRun {
   json report;
 };
 
-BenchRun run_bench(const test::ServerProcess& server, const std::string& flags) {
+// `pagellm bench` against `server` (anything with a url()) with `flags`.
+template <class Server>
+BenchRun run_bench(const Server& server, const std::string& flags) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("pagellm_bench_test_" + std::to_string(getpid()) + ".json");
   BenchRun run;
@@ -202,20 +204,13 @@ class ClosingServer {
 TEST(BenchTest, ConnectionsTheServerClosesAreReopened) {
   ClosingServer server;
   ASSERT_GT(server.port(), 0);
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("pagellm_bench_closing_" + std::to_string(getpid()) + ".json");
-  std::string output;
-  const int code = test::run_command(std::string(PAGELLM_BINARY) + " bench --url " + server.url() +
-                                         " --model fake --no-progress --json '" + path.string() +
-                                         "' --concurrency 1 --num-requests 8 --input-len 8 "
-                                         "--output-len 4 --warmup 2",
-                                     output);
-  const json report = json::parse(test::read_text_file(path), nullptr, false);
-  std::filesystem::remove(path);
-  EXPECT_EQ(code, 0) << output;
-  ASSERT_FALSE(report.is_discarded()) << output;
-  EXPECT_EQ(report["completed"], 8) << report["errors"].dump();
-  EXPECT_EQ(report["failed"], 0) << report["errors"].dump();
+  const BenchRun run = run_bench(server,
+                                 "--model fake --concurrency 1 --num-requests 8 --input-len 8 "
+                                 "--output-len 4 --warmup 2");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_FALSE(run.report.is_discarded()) << run.output;
+  EXPECT_EQ(run.report["completed"], 8) << run.report["errors"].dump();
+  EXPECT_EQ(run.report["failed"], 0) << run.report["errors"].dump();
   EXPECT_EQ(server.completions(), 10);  // 2 warm-up + 8, each sent once
 }
 
