@@ -198,8 +198,9 @@ void register_all() {
     const char* name;
     int64_t n, k;
   };
-  for (const Shape& s : {Shape{"q_768x768", 768, 768}, Shape{"kv_256x768", 256, 768},
-                         Shape{"gate_up_2048x768", 2048, 768}, Shape{"down_768x2048", 768, 2048},
+  // The matrices a decode step of the bench model runs: q|k|v and gate|up are fused.
+  for (const Shape& s : {Shape{"qkv_1280x768", 1280, 768}, Shape{"o_768x768", 768, 768},
+                         Shape{"gate_up_4096x768", 4096, 768}, Shape{"down_768x2048", 768, 2048},
                          Shape{"lm_head_32000x768", 32000, 768}}) {
     const int64_t n = s.n, k = s.k;
     benchmark::RegisterBenchmark((std::string("BM_MatmulBF16/") + s.name).c_str(),
