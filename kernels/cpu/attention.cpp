@@ -47,11 +47,13 @@ Scratch& thread_scratch() {
 // out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] over head h's positions [begin[h], end[h])
 // for NH heads x NC 16-lane chunks held in registers; each element is one fma chain over
 // its positions in order. The heads' ranges may differ: positions run from the first
-// begin to the last end in segments where each head takes all positions or none, and a
-// head that takes none leaves its accumulators untouched (a masked fma), whatever p and
-// v hold there. (The cache's type is a template argument: a switch inside the loop makes
-// GCC keep the accumulators in memory.)
-template <DType T, int NH, int NC>
+// begin to the last end, and at a position outside its range a head leaves its
+// accumulators untouched (a masked fma), whatever p and v hold there. The V rows
+// kValueAhead positions on are prefetched as the pass goes. Full: all NC chunks lie within D, so V
+// is read with plain loads. (The cache's type and Full are template arguments: a switch, or masked
+// loads, inside the loop make GCC keep the accumulators in memory.)
+constexpr int64_t kValueAhead = 16;  // V rows prefetched ahead of the value pass
+template <DType T, int NH, int NC, bool Full>
 void value_tile(const float* p, int64_t stride, const int64_t* begin, const int64_t* end,
                 const int64_t* offsets, const void* v, int64_t d0, int64_t D, const float* sum,
                 float* const* out) {
@@ -62,25 +64,24 @@ void value_tile(const float* p, int64_t stride, const int64_t* begin, const int6
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < NC; ++c)
       acc[h][c] = _mm512_setzero_ps();
-  int64_t i = *std::min_element(begin, begin + NH);
+  const int64_t first = *std::min_element(begin, begin + NH);
   const int64_t last = *std::max_element(end, end + NH);
-  while (i < last) {
-    int64_t next = last;
-    __mmask16 on[NH];
-    for (int h = 0; h < NH; ++h) {
-      on[h] = begin[h] <= i && i < end[h] ? 0xffff : 0;
-      if (begin[h] > i) next = std::min(next, begin[h]);
-      if (end[h] > i) next = std::min(next, end[h]);
+  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(T));
+  for (int64_t i = first; i < last; ++i) {
+    if (d0 == 0 && i + kValueAhead < last) {
+      const char* ahead = static_cast<const char*>(v) + offsets[i + kValueAhead] * dtype_size(T);
+      for (int64_t x = 0; x < row_bytes; x += 64)
+        detail::prefetch_l1(ahead + x);
     }
-    for (; i < next; ++i) {
-      __m512 vv[NC];
+    __m512 vv[NC];
+    for (int c = 0; c < NC; ++c)
+      vv[c] = Full ? detail::load16(v, T, offsets[i] + d0 + c * kLanes)
+                   : detail::load16(v, T, offsets[i] + d0 + c * kLanes, mask[c]);
+    for (int h = 0; h < NH; ++h) {
+      const __mmask16 on = static_cast<__mmask16>(-((begin[h] <= i) & (i < end[h])));
+      const __m512 pb = _mm512_set1_ps(p[h * stride + i]);
       for (int c = 0; c < NC; ++c)
-        vv[c] = detail::load16(v, T, offsets[i] + d0 + c * kLanes, mask[c]);
-      for (int h = 0; h < NH; ++h) {
-        const __m512 pb = _mm512_set1_ps(p[h * stride + i]);
-        for (int c = 0; c < NC; ++c)
-          acc[h][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[h][c], on[h]);
-      }
+        acc[h][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[h][c], on);
     }
   }
   for (int h = 0; h < NH; ++h) {
@@ -93,21 +94,24 @@ void value_tile(const float* p, int64_t stride, const int64_t* begin, const int6
 constexpr int kValueHeads = 6;  // heads per value tile: 24 accumulators over 64 dims
 using ValueTileFn = void (*)(const float*, int64_t, const int64_t*, const int64_t*, const int64_t*,
                              const void*, int64_t, int64_t, const float*, float* const*);
-template <DType T, int NH, int... Cs>
+template <DType T, bool Full, int NH, int... Cs>
 constexpr std::array<ValueTileFn, 4> value_tile_row(std::integer_sequence<int, Cs...>) {
-  return {&value_tile<T, NH, Cs + 1>...};
+  return {&value_tile<T, NH, Cs + 1, Full>...};
 }
-template <DType T, int... Hs>
+template <DType T, bool Full, int... Hs>
 constexpr std::array<std::array<ValueTileFn, 4>, kValueHeads> value_table(
     std::integer_sequence<int, Hs...>) {
-  return {value_tile_row<T, Hs + 1>(std::make_integer_sequence<int, 4>{})...};
+  return {value_tile_row<T, Full, Hs + 1>(std::make_integer_sequence<int, 4>{})...};
 }
+// [Full][NH - 1][NC - 1]
 template <DType T>
-constexpr auto kValueTiles = value_table<T>(std::make_integer_sequence<int, kValueHeads>{});
+constexpr std::array<std::array<std::array<ValueTileFn, 4>, kValueHeads>, 2> kValueTiles = {
+    value_table<T, false>(std::make_integer_sequence<int, kValueHeads>{}),
+    value_table<T, true>(std::make_integer_sequence<int, kValueHeads>{})};
 
-// Tiles of up to 6 heads x 64 dims; V rows are re-read per tile (from cache: the first
-// pass prefetched them). Head h's weights are at scores + h * stride, its positions are
-// [begin[h], end[h]), its output goes to out[h].
+// Tiles of up to 6 heads x 64 dims; V rows are re-read per tile (from cache: the tile
+// of the first 64 dims prefetched them). Head h's weights are at scores + h * stride, its positions
+// are [begin[h], end[h]), its output goes to out[h].
 void accumulate_values_avx512(const float* scores, int64_t stride, const int64_t* begin,
                               const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
                               int heads, const float* sum, float* const* out) {
@@ -120,8 +124,9 @@ void accumulate_values_avx512(const float* scores, int64_t stride, const int64_t
     const int NH = std::min(kValueHeads, heads - h0);
     for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
       const int NC = static_cast<int>(std::min<int64_t>(4, chunks - c0));
-      tiles[NH - 1][NC - 1](scores + h0 * stride, stride, begin + h0, end + h0, offsets, c.v,
-                            c0 * kLanes, D, sum + h0, out + h0);
+      const bool full = (c0 + NC) * kLanes <= D;
+      tiles[full ? 1 : 0][NH - 1][NC - 1](scores + h0 * stride, stride, begin + h0, end + h0,
+                                          offsets, c.v, c0 * kLanes, D, sum + h0, out + h0);
     }
   }
 }
@@ -173,18 +178,30 @@ inline void transpose16(__m512 r[16]) {
 // kt[d * 16 + j] = k_j[d] in float32 for the n <= 16 keys at element offsets `offsets`
 // (zeros for j >= n), d < head_dim rounded up to 16. A bf16 cache with an even head_dim
 // is transposed as 32-bit pairs before the (exact) conversion: half the shuffles.
-void transpose_keys(const KVCacheLayer& c, const int64_t* offsets, int64_t n, float* kt) {
+// Meanwhile the K rows at `ahead` (ahead_n of them) are prefetched, one with each row
+// loaded: spread out, the prefetches keep memory busy without stalling the shuffles.
+void transpose_keys(const KVCacheLayer& c, const int64_t* offsets, int64_t n, float* kt,
+                    const int64_t* ahead, int64_t ahead_n) {
   const int64_t D = c.head_dim;
+  const int64_t row_bytes = D * dtype_size(c.dtype);
+  const auto prefetch_row = [&](int64_t j) {
+    if (j >= ahead_n) return;
+    const char* row = static_cast<const char*>(c.k) + ahead[j] * dtype_size(c.dtype);
+    for (int64_t x = 0; x < row_bytes; x += 64)
+      detail::prefetch_l1(row + x);
+  };
   __m512 r[16];
   if (c.dtype == DType::kBF16 && D % 2 == 0) {
     const int64_t pairs = D / 2;
     const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
     for (int64_t p0 = 0; p0 < pairs; p0 += kLanes) {
       const __mmask16 m = detail::tail_mask(pairs - p0);
-      for (int64_t j = 0; j < kLanes; ++j)
+      for (int64_t j = 0; j < kLanes; ++j) {
+        if (p0 == 0) prefetch_row(j);
         r[j] = j < n ? _mm512_maskz_loadu_ps(
                            m, static_cast<const uint16_t*>(c.k) + offsets[j] + 2 * p0)
                      : _mm512_setzero_ps();
+      }
       transpose16(r);
       for (int64_t e = 0; e < kLanes && p0 + e < pairs; ++e) {
         const __m512i w = _mm512_castps_si512(r[e]);
@@ -198,8 +215,10 @@ void transpose_keys(const KVCacheLayer& c, const int64_t* offsets, int64_t n, fl
   }
   for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
     const __mmask16 m = detail::tail_mask(D - d0);
-    for (int64_t j = 0; j < kLanes; ++j)
+    for (int64_t j = 0; j < kLanes; ++j) {
+      if (d0 == 0) prefetch_row(j);
       r[j] = j < n ? detail::load16(c.k, c.dtype, offsets[j] + d0, m) : _mm512_setzero_ps();
+    }
     transpose16(r);
     for (int64_t e = 0; e < kLanes; ++e)
       _mm512_store_ps(kt + (d0 + e) * kLanes, r[e]);
@@ -249,23 +268,20 @@ void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int
   const int64_t D = c.head_dim;
   const int64_t chunks = (D + kLanes - 1) / kLanes;
   const int64_t Dp = chunks * kLanes;
-  const int64_t row_bytes = D * dtype_size(c.dtype);
   const float* hq[kScoreHeads];
   float* dst[kScoreHeads];
   for (int64_t b = 0; b < npos; b += 2 * kLanes) {
     const int64_t n = std::min<int64_t>(2 * kLanes, npos - b);
     const int nb = n > kLanes ? 2 : 1;
-    // Next 32 rows: K into L1 for the next round, V into L2 for the value pass.
-    for (int64_t i = b + 2 * kLanes; i < std::min(npos, b + 4 * kLanes); ++i) {
-      const int64_t off = offsets[i] * dtype_size(c.dtype);
-      for (int64_t x = 0; x < row_bytes; x += 64) {
-        detail::prefetch_l1(static_cast<const char*>(c.k) + off + x);
-        detail::prefetch_l2(static_cast<const char*>(c.v) + off + x);
+    // Each block of 16 rows prefetches the block 32 rows on (the next round's).
+    for (int blk = 0; blk < 2; ++blk) {
+      const int64_t at = b + blk * kLanes;
+      const int64_t ahead = std::min<int64_t>(kLanes, std::max<int64_t>(0, npos - at - 2 * kLanes));
+      if (blk < nb) {
+        transpose_keys(c, offsets + at, std::min<int64_t>(kLanes, n - blk * kLanes),
+                       kt + blk * Dp * kLanes, offsets + at + 2 * kLanes, ahead);
       }
     }
-    for (int blk = 0; blk < nb; ++blk)
-      transpose_keys(c, offsets + b + blk * kLanes, std::min<int64_t>(kLanes, n - blk * kLanes),
-                     kt + blk * Dp * kLanes);
     const __mmask16 mask[2] = {detail::tail_mask(n),
                                detail::tail_mask(std::max<int64_t>(0, n - kLanes))};
     for (int h0 = 0; h0 < heads; h0 += kScoreHeads) {

@@ -130,9 +130,27 @@ inline __mmask16 tail_mask(int64_t count) {
   return count >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << count) - 1u);
 }
 
-// Up to 16 values of `t` starting at element i, as float32 (lanes past `mask` are 0): the
-// vector form of load_f32 (kernels/dtype.h).
-inline __m512 load16(const void* p, DType t, int64_t i, __mmask16 mask = 0xffff) {
+// 16 values of `t` starting at element i, as float32: the vector form of load_f32
+// (kernels/dtype.h). Plain loads: GCC keeps a loop's accumulators in registers around
+// these, while around masked loads it stores them on every iteration.
+inline __m512 load16(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32:
+      return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+    case DType::kF16:
+      return _mm512_cvtph_ps(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+    case DType::kBF16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i))),
+          16));
+  }
+  return _mm512_setzero_ps();
+}
+
+// Up to 16 values, as load16 above (lanes past `mask` are 0).
+inline __m512 load16(const void* p, DType t, int64_t i, __mmask16 mask) {
   switch (t) {
     case DType::kF32:
       return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(p) + i);
