@@ -29,7 +29,7 @@ struct FreeDeleter {
 using Buffer = std::unique_ptr<char, FreeDeleter>;
 
 Buffer alloc_touched(int64_t bytes) {
-  Buffer b(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+  Buffer b(static_cast<char*>(allocate_streamed(bytes)));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < bytes; i += 4096)
     b.get()[i] = 1;

@@ -20,15 +20,14 @@ KVCacheMemory::KVCacheMemory(const ModelConfig& config, int64_t num_blocks, kern
       head_dim_(static_cast<int>(config.head_dim)) {
   const int64_t per_layer = num_blocks * kernels::cpu::kBlockSize * config.num_kv_heads *
                             config.head_dim * kernels::dtype_size(dtype);
-  // aligned_alloc wants a size that is a multiple of the alignment.
-  const int64_t rounded = (per_layer + 63) / 64 * 64;
+  // On huge pages where the system allows it: decode reads each sequence's blocks from
+  // all over the pool, and with 4 KiB pages nearly every block costs TLB walks.
   layers_.resize(config.num_layers);
   for (Layer& layer : layers_) {
     for (auto* half : {&layer.k, &layer.v}) {
-      void* p = std::aligned_alloc(64, static_cast<size_t>(rounded));
-      if (p == nullptr) throw std::bad_alloc();
-      std::memset(p, 0, static_cast<size_t>(rounded));
+      void* p = kernels::cpu::allocate_streamed(per_layer);
       half->reset(p);
+      std::memset(p, 0, static_cast<size_t>(per_layer));
     }
   }
   bytes_ = 2 * per_layer * config.num_layers;

@@ -29,10 +29,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/simd.h"
 
@@ -489,16 +485,7 @@ PackedWeight::PackedWeight(const void* w, DType dtype, int64_t n, int64_t k)
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int64_t esize = dtype_size(dtype);
   bytes_ = panels * kPanel * k * esize;
-  // Large weights on 2 MiB pages where the system allows it: streaming them then needs
-  // far fewer TLB walks. From 1 MiB on, the rounding up costs less than half the size.
-  constexpr int64_t kHuge = int64_t(2) << 20;
-  const int64_t align = bytes_ >= kHuge / 2 ? kHuge : 64;
-  const int64_t alloc = std::max<int64_t>(64, (bytes_ + align - 1) / align * align);
-  data_.reset(std::aligned_alloc(align, alloc));
-  if (!data_) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (align == kHuge) madvise(data_.get(), alloc, MADV_HUGEPAGE);
-#endif
+  data_.reset(allocate_streamed(bytes_));
   const bool paired = dtype == DType::kBF16;
   auto* dst = static_cast<unsigned char*>(data_.get());
   const auto* src = static_cast<const unsigned char*>(w);
