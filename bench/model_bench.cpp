@@ -8,7 +8,7 @@
 // steps (median of 5 samples), since a shared machine's bandwidth drifts within seconds.
 //
 //   pagellm_model_bench [--model DIR] [--batches 1,8,16,32] [--context 128]
-//                       [--steps 32] [--prefill 512] [--json FILE]
+//                       [--steps 32] [--prefill 512 (0: none)] [--json FILE]
 //                       [--backend cpu|cuda] [--shape llama3-8b] [--no-graphs]
 // Without --model, the `bench` demo model is written under models/bench (once).
 // --backend cuda runs on the GPU (builds with CUDA), measuring the GPU's copy
@@ -254,9 +254,9 @@ int main(int argc, char** argv) try {
       kv.free_sequence(id);
   }
 
-  // Prefill: one prompt in a single chunk, best of three.
+  // Prefill: one prompt in a single chunk, best of three (--prefill 0: none).
   double prefill_best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 3 && opt.prefill > 0; ++rep) {
     std::vector<int32_t> prompt(opt.prefill);
     for (auto& t : prompt)
       t = token(rng);
@@ -277,7 +277,8 @@ int main(int argc, char** argv) try {
                 d.bytes_per_step / 1e6, d.bandwidth_gbs, d.roofline_tokens_per_s,
                 100 * d.tokens_per_s / d.roofline_tokens_per_s);
   }
-  std::printf("\nprefill, %d-token prompt: %.1f tokens/s\n", opt.prefill, prefill_best);
+  if (opt.prefill > 0)
+    std::printf("\nprefill, %d-token prompt: %.1f tokens/s\n", opt.prefill, prefill_best);
 
   if (!opt.json_path.empty()) {
     FILE* f = std::fopen(opt.json_path.c_str(), "w");
