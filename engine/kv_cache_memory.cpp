@@ -4,39 +4,39 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
+#include <string>
 
 #include "engine/tokenizer_config.h"
 
 namespace pagellm::engine {
 
-void KVCacheMemory::Free::operator()(void* p) const {
+void KVCacheMemory::Free::operator()(unsigned char* p) const {
   std::free(p);
 }
 
 KVCacheMemory::KVCacheMemory(const ModelConfig& config, int64_t num_blocks, kernels::DType dtype)
-    : num_blocks_(num_blocks),
+    : num_layers_(config.num_layers),
+      layer_bytes_(num_blocks * kernels::cpu::kBlockSize * config.num_kv_heads * config.head_dim *
+                   kernels::dtype_size(dtype)),
+      num_blocks_(num_blocks),
       dtype_(dtype),
       num_kv_heads_(static_cast<int>(config.num_kv_heads)),
       head_dim_(static_cast<int>(config.head_dim)) {
-  const int64_t per_layer = num_blocks * kernels::cpu::kBlockSize * config.num_kv_heads *
-                            config.head_dim * kernels::dtype_size(dtype);
+  bytes_ = 2 * layer_bytes_ * num_layers_;
   // On huge pages where the system allows it: decode reads each sequence's blocks from
   // all over the pool, and with 4 KiB pages nearly every block costs TLB walks.
-  layers_.resize(config.num_layers);
-  for (Layer& layer : layers_) {
-    for (auto* half : {&layer.k, &layer.v}) {
-      void* p = kernels::cpu::allocate_streamed(per_layer);
-      half->reset(p);
-      std::memset(p, 0, static_cast<size_t>(per_layer));
-    }
-  }
-  bytes_ = 2 * per_layer * config.num_layers;
+  pool_.reset(static_cast<unsigned char*>(kernels::cpu::allocate_streamed(bytes_)));
+  std::memset(pool_.get(), 0, static_cast<size_t>(bytes_));
 }
 
 kernels::cpu::KVCacheLayer KVCacheMemory::layer(int64_t index) const {
-  const Layer& l = layers_.at(index);
-  return kernels::cpu::KVCacheLayer{l.k.get(),   l.v.get(),     dtype_,
-                                    num_blocks_, num_kv_heads_, head_dim_};
+  if (index < 0 || index >= num_layers_)
+    throw std::out_of_range("KV cache layer " + std::to_string(index) + " of " +
+                            std::to_string(num_layers_));
+  unsigned char* k = pool_.get() + 2 * index * layer_bytes_;
+  return kernels::cpu::KVCacheLayer{k,           k + layer_bytes_, dtype_,
+                                    num_blocks_, num_kv_heads_,    head_dim_};
 }
 
 int64_t kv_blocks_for_bytes(const ModelConfig& config, kernels::DType dtype, int64_t bytes) {

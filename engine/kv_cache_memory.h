@@ -20,7 +20,7 @@ class KVCacheMemory {
   KVCacheMemory(const ModelConfig& config, int64_t num_blocks, kernels::DType dtype);
 
   kernels::cpu::KVCacheLayer layer(int64_t index) const;
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t num_layers() const { return num_layers_; }
   int64_t num_blocks() const { return num_blocks_; }
   kernels::DType dtype() const { return dtype_; }
   // Bytes allocated for all layers: num_blocks x 16 x kv_bytes_per_token.
@@ -28,12 +28,13 @@ class KVCacheMemory {
 
  private:
   struct Free {
-    void operator()(void* p) const;
+    void operator()(unsigned char* p) const;
   };
-  struct Layer {
-    std::unique_ptr<void, Free> k, v;
-  };
-  std::vector<Layer> layers_;
+  // One allocation for every layer's K then V: on huge pages, its size is rounded up to
+  // a 2 MiB page once, not once per tensor.
+  std::unique_ptr<unsigned char, Free> pool_;
+  int64_t num_layers_ = 0;
+  int64_t layer_bytes_ = 0;  // one K (or V) tensor
   int64_t num_blocks_ = 0;
   int64_t bytes_ = 0;
   kernels::DType dtype_;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <set>
@@ -207,6 +208,19 @@ TEST(CpuMatmul, ZeroDepthGivesBias) {
 
 // ---------------------------------------------------------------------------------------
 // exp (internal): the scalar and vector forms agree bit for bit and stay within a few ulp.
+
+// Large arrays start on a 2 MiB page (so that they can sit on huge pages), small ones on
+// a cache line; all of the asked size is writable.
+TEST(CpuMemory, AllocateStreamedAlignsLargeArraysToHugePages) {
+  for (int64_t bytes : {int64_t(1), int64_t(1000), int64_t(1) << 20, (int64_t(5) << 20) + 3}) {
+    unsigned char* p = static_cast<unsigned char*>(allocate_streamed(bytes));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    EXPECT_EQ(at % (bytes >= int64_t(1) << 20 ? uintptr_t(2) << 20 : 64), 0u) << bytes;
+    std::fill(p, p + bytes, static_cast<unsigned char>(7));
+    EXPECT_EQ(p[bytes - 1], 7);
+    std::free(p);
+  }
+}
 
 TEST(CpuExp, ScalarAndVectorAgreeAndAreAccurate) {
   std::vector<float> xs;

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "engine/tokenizer_config.h"
 
 namespace pagellm::engine {
@@ -29,6 +33,28 @@ TEST(KVCacheMemory, AllocationMatchesTheFormula) {
   EXPECT_EQ(last.head_dim, 64);
   EXPECT_NE(last.k, last.v);
   EXPECT_THROW(memory.layer(12), std::out_of_range);
+  EXPECT_THROW(memory.layer(-1), std::out_of_range);
+}
+
+// Every layer's K and V are disjoint, zeroed, and together span exactly bytes().
+TEST(KVCacheMemory, LayersTileThePoolWithoutOverlap) {
+  const ModelConfig config = bench_shape();
+  KVCacheMemory memory(config, 7, kernels::DType::kBF16);
+  const int64_t tensor = 7 * 16 * 4 * 64 * 2;
+  std::vector<std::pair<const unsigned char*, const unsigned char*>> spans;
+  for (int64_t l = 0; l < memory.num_layers(); ++l) {
+    const kernels::cpu::KVCacheLayer layer = memory.layer(l);
+    for (void* t : {layer.k, layer.v}) {
+      const auto* p = static_cast<const unsigned char*>(t);
+      EXPECT_TRUE(std::all_of(p, p + tensor, [](unsigned char b) { return b == 0; }));
+      std::fill(static_cast<unsigned char*>(t), static_cast<unsigned char*>(t) + tensor, 1);
+      spans.emplace_back(p, p + tensor);
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    EXPECT_LE(spans[i - 1].second, spans[i].first);
+  EXPECT_EQ(spans.back().second - spans.front().first, memory.bytes());
 }
 
 TEST(KVPoolPlan, FromBlocksOrBytes) {
