@@ -49,9 +49,10 @@ Scratch& thread_scratch() {
 // its positions in order. The heads' ranges may differ: positions run from the first
 // begin to the last end, and at a position outside its range a head leaves its
 // accumulators untouched (a masked fma), whatever p and v hold there. The V rows
-// kValueAhead positions on are prefetched as the pass goes. Full: all NC chunks lie within D, so V
-// is read with plain loads. (The cache's type and Full are template arguments: a switch, or masked
-// loads, inside the loop make GCC keep the accumulators in memory.)
+// kValueAhead positions on are prefetched as the pass goes. Full: all NC chunks lie
+// within D, so V is read with plain loads. (The cache's type and Full are template
+// arguments: a switch, or masked loads, inside the loop make GCC keep the accumulators in
+// memory.)
 constexpr int64_t kValueAhead = 16;  // V rows prefetched ahead of the value pass
 template <DType T, int NH, int NC, bool Full>
 void value_tile(const float* p, int64_t stride, const int64_t* begin, const int64_t* end,
@@ -109,9 +110,9 @@ constexpr std::array<std::array<std::array<ValueTileFn, 4>, kValueHeads>, 2> kVa
     value_table<T, false>(std::make_integer_sequence<int, kValueHeads>{}),
     value_table<T, true>(std::make_integer_sequence<int, kValueHeads>{})};
 
-// Tiles of up to 6 heads x 64 dims; V rows are re-read per tile (from cache: the tile
-// of the first 64 dims prefetched them). Head h's weights are at scores + h * stride, its positions
-// are [begin[h], end[h]), its output goes to out[h].
+// Tiles of up to 6 heads x 64 dims; V rows are re-read per tile (from cache: the tiles of
+// the first 64 dims prefetch them). Head h's weights are at scores + h * stride, its
+// positions are [begin[h], end[h]), its output goes to out[h].
 void accumulate_values_avx512(const float* scores, int64_t stride, const int64_t* begin,
                               const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
                               int heads, const float* sum, float* const* out) {
@@ -274,13 +275,11 @@ void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int
     const int64_t n = std::min<int64_t>(2 * kLanes, npos - b);
     const int nb = n > kLanes ? 2 : 1;
     // Each block of 16 rows prefetches the block 32 rows on (the next round's).
-    for (int blk = 0; blk < 2; ++blk) {
+    for (int blk = 0; blk < nb; ++blk) {
       const int64_t at = b + blk * kLanes;
-      const int64_t ahead = std::min<int64_t>(kLanes, std::max<int64_t>(0, npos - at - 2 * kLanes));
-      if (blk < nb) {
-        transpose_keys(c, offsets + at, std::min<int64_t>(kLanes, n - blk * kLanes),
-                       kt + blk * Dp * kLanes, offsets + at + 2 * kLanes, ahead);
-      }
+      const int64_t ahead = std::clamp<int64_t>(npos - at - 2 * kLanes, 0, kLanes);
+      transpose_keys(c, offsets + at, std::min<int64_t>(kLanes, n - blk * kLanes),
+                     kt + blk * Dp * kLanes, offsets + at + 2 * kLanes, ahead);
     }
     const __mmask16 mask[2] = {detail::tail_mask(n),
                                detail::tail_mask(std::max<int64_t>(0, n - kLanes))};

@@ -30,17 +30,17 @@ void embedding(const int32_t* ids,  // [num_tokens]
                DType dtype, int64_t hidden,
                float* out);  // [num_tokens, hidden]
 
-// A Linear weight ([n, k] as Hugging Face stores it) repacked once at load for the CPU
-// matmul: panels of 16 outputs, k-major, in the weight's own format (16-bit weights stay
-// 16-bit): panel p holds w[16p .. 16p + 16, 0 .. k) as [k][16], the last panel padded
-// with zeros. Each output is then one SIMD lane that sums over k in order 0, 1, ..., k-1,
-// whatever the number of rows m: decode (m = 1) and prefill (m = 512) round alike.
 // Memory for a large array that is read in long streams (weights, the KV cache): from
 // 1 MiB on, 2 MiB-aligned and advised onto huge pages where the system allows it, so that
 // streaming it, or reading its scattered KV blocks, takes far fewer TLB walks; smaller
 // arrays are 64-byte aligned. Free with std::free. Throws std::bad_alloc.
 void* allocate_streamed(int64_t bytes);
 
+// A Linear weight ([n, k] as Hugging Face stores it) repacked once at load for the CPU
+// matmul: panels of 16 outputs, k-major, in the weight's own format (16-bit weights stay
+// 16-bit): panel p holds w[16p .. 16p + 16, 0 .. k) as [k][16], the last panel padded
+// with zeros. Each output is then one SIMD lane that sums over k in order 0, 1, ..., k-1,
+// whatever the number of rows m: decode (m = 1) and prefill (m = 512) round alike.
 class PackedWeight {
  public:
   PackedWeight() = default;
