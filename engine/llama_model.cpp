@@ -135,8 +135,11 @@ void LlamaModel::forward(const ForwardBatch& batch, KVCacheMemory& cache,
   ensure(hidden_, T * H);
   ensure(normed_, T * H);
   ensure(q_, T * QD);
-  ensure(k_, T * KD);
-  ensure(v_, T * KD);
+  // Separate K and V rows only for layers that cannot go straight from q|k|v to the cache.
+  if (any_layer([](const Layer& l) { return l.qkv.n() == 0 || l.q_norm; })) {
+    ensure(k_, T * KD);
+    ensure(v_, T * KD);
+  }
   if (fused_qkv) ensure(qkv_, T * (QD + 2 * KD));
   ensure(attn_, T * nh * D);
   ensure(proj_, T * H);
@@ -174,32 +177,32 @@ void LlamaModel::forward(const ForwardBatch& batch, KVCacheMemory& cache,
     float* q = q_.data();
     float* k = k_.data();
     float* v = v_.data();
-    if (layer.qkv.n() > 0) {
-      const int64_t row = QD + 2 * KD;
+    if (layer.qkv.n() > 0 && !layer.q_norm) {
+      // Straight from the fused projection: q rotated into q_, K and V into the cache.
       cpu::matmul(normed_.data(), layer.qkv, bias_or_null(layer.qkv_bias), T, qkv_.data());
-      if (T == 1) {
-        q = qkv_.data();
-        k = q + QD;
-        v = k + KD;
-      } else {
+      cpu::rope_write_kv(qkv_.data(), batch.positions.data(), batch.slots.data(), T, nh,
+                         inv_freq_.data(), q, kv);
+    } else {
+      if (layer.qkv.n() > 0) {
+        cpu::matmul(normed_.data(), layer.qkv, bias_or_null(layer.qkv_bias), T, qkv_.data());
         for (int64_t t = 0; t < T; ++t) {
-          const float* r = qkv_.data() + t * row;
+          const float* r = qkv_.data() + t * (QD + 2 * KD);
           std::memcpy(q + t * QD, r, QD * sizeof(float));
           std::memcpy(k + t * KD, r + QD, KD * sizeof(float));
           std::memcpy(v + t * KD, r + QD + KD, KD * sizeof(float));
         }
+      } else {
+        cpu::matmul(normed_.data(), layer.q, bias_or_null(layer.q_bias), T, q);
+        cpu::matmul(normed_.data(), layer.k, bias_or_null(layer.k_bias), T, k);
+        cpu::matmul(normed_.data(), layer.v, bias_or_null(layer.v_bias), T, v);
       }
-    } else {
-      cpu::matmul(normed_.data(), layer.q, bias_or_null(layer.q_bias), T, q);
-      cpu::matmul(normed_.data(), layer.k, bias_or_null(layer.k_bias), T, k);
-      cpu::matmul(normed_.data(), layer.v, bias_or_null(layer.v_bias), T, v);
+      if (layer.q_norm) {
+        cpu::rmsnorm(q, layer.q_norm->data, layer.q_norm->dtype, T * nh, D, eps, q);
+        cpu::rmsnorm(k, layer.k_norm->data, layer.k_norm->dtype, T * nkv, D, eps, k);
+      }
+      cpu::rope(q, k, batch.positions.data(), T, nh, nkv, static_cast<int>(D), inv_freq_.data());
+      cpu::write_kv(k, v, batch.slots.data(), T, kv);
     }
-    if (layer.q_norm) {
-      cpu::rmsnorm(q, layer.q_norm->data, layer.q_norm->dtype, T * nh, D, eps, q);
-      cpu::rmsnorm(k, layer.k_norm->data, layer.k_norm->dtype, T * nkv, D, eps, k);
-    }
-    cpu::rope(q, k, batch.positions.data(), T, nh, nkv, static_cast<int>(D), inv_freq_.data());
-    cpu::write_kv(k, v, batch.slots.data(), T, kv);
     if (decode_only) {
       cpu::paged_attention_decode(q, kv, attention, nh, scale, attn_.data());
     } else {

@@ -118,24 +118,12 @@ void rope(float* q, float* k, const int32_t* positions, int64_t num_tokens, int 
     std::vector<float> cos_t(half), sin_t(half);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < num_tokens; ++t) {
-      // As Hugging Face: angle = position * inv_freq in float32, then cos and sin of it.
-      const float pos = static_cast<float>(positions[t]);
-      for (int i = 0; i < half; ++i) {
-        const float angle = pos * inv_freq[i];
-        cos_t[i] = std::cos(angle);
-        sin_t[i] = std::sin(angle);
-      }
-      auto rotate = [&](float* head) {
-        for (int i = 0; i < half; ++i) {
-          const float x0 = head[i], x1 = head[i + half];
-          head[i] = x0 * cos_t[i] - x1 * sin_t[i];
-          head[i + half] = x1 * cos_t[i] + x0 * sin_t[i];
-        }
-      };
+      detail::rope_angles(positions[t], inv_freq, half, cos_t.data(), sin_t.data());
       for (int h = 0; h < num_q_heads; ++h)
-        rotate(q + (t * num_q_heads + h) * head_dim);
+        detail::rope_rotate(q + (t * num_q_heads + h) * head_dim, cos_t.data(), sin_t.data(), half);
       for (int h = 0; h < num_kv_heads; ++h)
-        rotate(k + (t * num_kv_heads + h) * head_dim);
+        detail::rope_rotate(k + (t * num_kv_heads + h) * head_dim, cos_t.data(), sin_t.data(),
+                            half);
     }
   }
 }

@@ -129,6 +129,18 @@ void write_kv(const float* k,        // [num_tokens, num_kv_heads, head_dim]
               const int64_t* slots,  // [num_tokens]
               int64_t num_tokens, const KVCacheLayer& cache);
 
+// rope and write_kv in one pass over a fused projection: for each token, the query heads
+// of its q|k|v row are rotated into `q`, and its keys (rotated) and values are stored at
+// its slot in the cache (a negative slot, or one past the cache, stores nothing). The
+// same values, bit for bit, as splitting the row and calling rope then write_kv.
+void rope_write_kv(const float* qkv,          // [num_tokens, (num_q_heads + 2 kv heads) x head_dim]
+                   const int32_t* positions,  // [num_tokens]
+                   const int64_t* slots,      // [num_tokens]
+                   int64_t num_tokens, int num_q_heads,
+                   const float* inv_freq,  // [head_dim / 2]
+                   float* q,               // [num_tokens, num_q_heads, head_dim], out
+                   const KVCacheLayer& cache);
+
 // Copies whole blocks (copy-on-write of a block shared by forked sequences).
 void copy_blocks(const KVCacheLayer& cache,
                  const int32_t* src,  // [num_copies]

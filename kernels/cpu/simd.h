@@ -211,5 +211,30 @@ inline float lane_sum_avx512(const float* a, int64_t n) {
 }
 #endif
 
+// Rotary angles of one position, as Hugging Face computes them: angle = position *
+// inv_freq[i] in float32, then its cos and sin (i < half = head_dim / 2).
+inline void rope_angles(int32_t position, const float* inv_freq, int half, float* cos_t,
+                        float* sin_t) {
+  const float pos = static_cast<float>(position);
+  for (int i = 0; i < half; ++i) {
+    const float angle = pos * inv_freq[i];
+    cos_t[i] = std::cos(angle);
+    sin_t[i] = std::sin(angle);
+  }
+}
+
+// Rotates one head in the rotate-half layout: element i pairs with element i + half.
+inline void rope_rotate(float* head, const float* cos_t, const float* sin_t, int half) {
+  for (int i = 0; i < half; ++i) {
+    const float x0 = head[i], x1 = head[i + half];
+    head[i] = x0 * cos_t[i] - x1 * sin_t[i];
+    head[i + half] = x1 * cos_t[i] + x0 * sin_t[i];
+  }
+}
+
+// Converts `count` floats to the cache's dtype (round to nearest even, subnormals kept)
+// at dst: one token's K or V row (kv_cache.cpp).
+void store_row(const float* src, int64_t count, DType t, void* dst);
+
 }  // namespace detail
 }  // namespace pagellm::kernels::cpu

@@ -316,7 +316,7 @@ TEST(CudaRope, MatchesCpuRotateHalf) {
 }
 
 // rope_write_kv: the fused q|k|v epilogue against rope then write_kv on the device (bit
-// for bit), and against the CPU twins.
+// for bit), and against its CPU twin.
 TEST(CudaRope, RopeWriteKvEqualsRopeThenWriteKv) {
   PAGELLM_REQUIRE_GPU();
   const uint32_t seed = fresh_seed();
@@ -377,12 +377,13 @@ TEST(CudaRope, RopeWriteKvEqualsRopeThenWriteKv) {
           EXPECT_EQ(first_difference(bytes_of(kc), bytes_of(skc)), -1) << "K cache";
           EXPECT_EQ(first_difference(bytes_of(vc), bytes_of(svc)), -1) << "V cache";
 
+          // The CPU twin (itself bit for bit rope then write_kv on the CPU).
           std::vector<uint8_t> cpu_k = cache0, cpu_v = cache0;
-          cpu::rope(q.data(), k.data(), pos.data(), tokens, h.q, h.kv, head_dim, inv_freq.data());
-          cpu::write_kv(
-              k.data(), v.data(), slots.data(), tokens,
+          std::vector<float> cpu_q(tokens * qd);
+          cpu::rope_write_kv(
+              qkv.data(), pos.data(), slots.data(), tokens, h.q, inv_freq.data(), cpu_q.data(),
               cpu::KVCacheLayer{cpu_k.data(), cpu_v.data(), t, num_blocks, h.kv, head_dim});
-          EXPECT_LE(relative_error(d_q.download<float>(), q), tolerance(DType::kF32)) << "q";
+          EXPECT_LE(relative_error(d_q.download<float>(), cpu_q), tolerance(DType::kF32)) << "q";
           EXPECT_LE(relative_error(values_of(kc, t), decode(cpu_k, t)), tolerance(t)) << "K";
           EXPECT_EQ(first_difference(bytes_of(vc), cpu_v), -1) << "V cache";
         }

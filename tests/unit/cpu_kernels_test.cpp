@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -477,6 +478,64 @@ TEST(CpuKvCache, WriteKvRoundsToNearestEvenAndSkipsPaddingSlots) {
       uint16_t h;
       std::memcpy(&h, kc.data() + 5 * row * esize, 2);
       EXPECT_EQ(h, 0x3f80);  // 1.00390625 -> 1.0 (even)
+    }
+  }
+}
+
+// The fused epilogue of a q|k|v projection gives the bits of splitting the rows, then
+// rope and write_kv: q rotated, K rotated and stored, V stored, nothing written for
+// padding or out-of-range slots; on any thread count.
+TEST(CpuKvCache, RopeWriteKvEqualsRopeThenWriteKv) {
+  struct Heads {
+    int q, kv;
+  };
+  for (DType t : kAllTypes) {
+    for (int dim : {64, 128, 17}) {  // (17: an odd head_dim's last value is not rotated)
+      for (Heads h : {Heads{32, 8}, Heads{6, 2}, Heads{4, 4}}) {
+        for (int64_t tokens : {int64_t(1), int64_t(37)}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " dim=" + std::to_string(dim) +
+                       " heads=" + std::to_string(h.q) + "/" + std::to_string(h.kv) +
+                       " tokens=" + std::to_string(tokens));
+          const int64_t qd = int64_t(h.q) * dim, kvd = int64_t(h.kv) * dim, width = qd + 2 * kvd;
+          std::vector<float> inv_freq(dim / 2);
+          for (int i = 0; i < dim / 2; ++i)
+            inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / dim));
+          std::vector<int32_t> pos(tokens);
+          for (int64_t i = 0; i < tokens; ++i)
+            pos[i] = static_cast<int32_t>((i * 977 + 3) % 5000);
+          const int64_t num_blocks = tokens / kBlockSize + 2;
+          std::vector<int64_t> slots(num_blocks * kBlockSize);
+          std::iota(slots.begin(), slots.end(), 0);
+          std::shuffle(slots.begin(), slots.end(), std::mt19937(dim + tokens));
+          slots.resize(tokens);
+          if (tokens > 2) slots[1] = -1, slots[2] = num_blocks * kBlockSize;
+          const std::vector<float> qkv = random_floats(tokens * width, 7, 2.0f);
+          const std::vector<uint8_t> cache0 =
+              encode(random_floats(num_blocks * kBlockSize * kvd, 8), t);
+
+          std::vector<float> q(tokens * qd), k(tokens * kvd), v(tokens * kvd);
+          for (int64_t r = 0; r < tokens; ++r) {
+            std::copy_n(qkv.begin() + r * width, qd, q.begin() + r * qd);
+            std::copy_n(qkv.begin() + r * width + qd, kvd, k.begin() + r * kvd);
+            std::copy_n(qkv.begin() + r * width + qd + kvd, kvd, v.begin() + r * kvd);
+          }
+          std::vector<uint8_t> split_k = cache0, split_v = cache0;
+          rope(q.data(), k.data(), pos.data(), tokens, h.q, h.kv, dim, inv_freq.data());
+          write_kv(k.data(), v.data(), slots.data(), tokens,
+                   KVCacheLayer{split_k.data(), split_v.data(), t, num_blocks, h.kv, dim});
+
+          for (int threads : {1, 2}) {
+            ScopedThreads scoped(threads);
+            std::vector<float> fq = poisoned(tokens * qd);
+            std::vector<uint8_t> fk = cache0, fv = cache0;
+            rope_write_kv(qkv.data(), pos.data(), slots.data(), tokens, h.q, inv_freq.data(),
+                          fq.data(), KVCacheLayer{fk.data(), fv.data(), t, num_blocks, h.kv, dim});
+            EXPECT_BITWISE_EQ(fq.data(), q.data(), tokens * qd, "q");
+            EXPECT_EQ(fk, split_k) << "K cache";
+            EXPECT_EQ(fv, split_v) << "V cache";
+          }
+        }
+      }
     }
   }
 }
