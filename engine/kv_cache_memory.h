@@ -23,7 +23,8 @@ class KVCacheMemory {
   int64_t num_layers() const { return num_layers_; }
   int64_t num_blocks() const { return num_blocks_; }
   kernels::DType dtype() const { return dtype_; }
-  // Bytes allocated for all layers: num_blocks x 16 x kv_bytes_per_token.
+  // Bytes of all layers' K and V: num_blocks x 16 x kv_bytes_per_token (on huge pages the
+  // allocation rounds this up to a whole 2 MiB page).
   int64_t bytes() const { return bytes_; }
 
  private:

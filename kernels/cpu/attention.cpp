@@ -279,7 +279,8 @@ void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int
       const int64_t at = b + blk * kLanes;
       const int64_t ahead = std::clamp<int64_t>(npos - at - 2 * kLanes, 0, kLanes);
       transpose_keys(c, offsets + at, std::min<int64_t>(kLanes, n - blk * kLanes),
-                     kt + blk * Dp * kLanes, offsets + at + 2 * kLanes, ahead);
+                     kt + blk * Dp * kLanes, ahead > 0 ? offsets + at + 2 * kLanes : nullptr,
+                     ahead);
     }
     const __mmask16 mask[2] = {detail::tail_mask(n),
                                detail::tail_mask(std::max<int64_t>(0, n - kLanes))};

@@ -35,14 +35,6 @@ inline void prefetch_l1(const void* p) {
 #endif
 }
 
-inline void prefetch_l2(const void* p) {
-#if defined(__x86_64__)
-  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
-#else
-  __builtin_prefetch(p, 0, 2);
-#endif
-}
-
 inline bool use_simd() {
 #if defined(PAGELLM_KERNELS_AVX512)
   return !portable_kernels();

@@ -89,7 +89,7 @@ void write_kv(const float* k,        // [num_tokens, num_kv_heads, head_dim]
 
 // rope and write_kv in one pass over a fused projection: for each token, the query heads
 // of its q|k|v row are rotated into `q`, and its keys (rotated) and values are stored at
-// its slot in the cache (a negative slot, or one past the cache, stores nothing). The
+// its slot in the cache (a slot that is negative or beyond the cache stores nothing). The
 // same values, bit for bit, as splitting the row and calling rope then write_kv.
 void rope_write_kv(const float* qkv,          // [num_tokens, (num_q_heads + 2 kv heads) x head_dim]
                    const int32_t* positions,  // [num_tokens]

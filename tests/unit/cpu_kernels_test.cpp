@@ -208,7 +208,7 @@ TEST(CpuMatmul, ZeroDepthGivesBias) {
 }
 
 // ---------------------------------------------------------------------------------------
-// exp (internal): the scalar and vector forms agree bit for bit and stay within a few ulp.
+// allocate_streamed
 
 // Large arrays start on a 2 MiB page (so that they can sit on huge pages), small ones on
 // a cache line; all of the asked size is writable.
@@ -222,6 +222,9 @@ TEST(CpuMemory, AllocateStreamedAlignsLargeArraysToHugePages) {
     std::free(p);
   }
 }
+
+// ---------------------------------------------------------------------------------------
+// exp (internal): the scalar and vector forms agree bit for bit and stay within a few ulp.
 
 TEST(CpuExp, ScalarAndVectorAgreeAndAreAccurate) {
   std::vector<float> xs;
