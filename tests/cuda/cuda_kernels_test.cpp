@@ -25,6 +25,8 @@ namespace {
 
 using cpu::testing::encode;
 using cpu::testing::random_floats;
+using cpu::testing::rope_inv_freq;
+using cpu::testing::split_qkv;
 using testing::decode;
 using testing::DeviceBuffer;
 using testing::fresh_seed;
@@ -266,12 +268,9 @@ struct Heads {
   int q, kv;
 };
 
-// Llama 3's frequencies (theta 500000) for `head_dim`.
-std::vector<float> rope_inv_freq(int head_dim) {
-  std::vector<float> inv_freq(head_dim / 2);
-  for (int i = 0; i < head_dim / 2; ++i)
-    inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
-  return inv_freq;
+// Llama 3's frequencies for `head_dim`.
+std::vector<float> llama3_inv_freq(int head_dim) {
+  return rope_inv_freq(head_dim, 500000.0);
 }
 
 // Positions up to 128k, the first one 0.
@@ -294,7 +293,7 @@ TEST(CudaRope, MatchesCpuRotateHalf) {
       for (int64_t tokens : {1, 37}) {
         SCOPED_TRACE("head_dim=" + std::to_string(head_dim) + " heads=" + std::to_string(h.q) +
                      "/" + std::to_string(h.kv) + " tokens=" + std::to_string(tokens));
-        const std::vector<float> inv_freq = rope_inv_freq(head_dim);
+        const std::vector<float> inv_freq = llama3_inv_freq(head_dim);
         const std::vector<int32_t> pos = random_positions(tokens, rng);
         const std::vector<float> q0 = random_floats(tokens * h.q * head_dim, rng());
         const std::vector<float> k0 = random_floats(tokens * h.kv * head_dim, rng());
@@ -332,7 +331,7 @@ TEST(CudaRope, RopeWriteKvEqualsRopeThenWriteKv) {
                        " tokens=" + std::to_string(tokens));
           const int64_t qd = int64_t(h.q) * head_dim, kvd = int64_t(h.kv) * head_dim;
           const int64_t width = qd + 2 * kvd;
-          const std::vector<float> inv_freq = rope_inv_freq(head_dim);
+          const std::vector<float> inv_freq = llama3_inv_freq(head_dim);
           const std::vector<int32_t> pos = random_positions(tokens, rng);
           // Distinct slots in shuffled order; padding (-1) and one past the cache.
           const int64_t num_blocks = tokens / kBlockSize + 2;
@@ -358,12 +357,7 @@ TEST(CudaRope, RopeWriteKvEqualsRopeThenWriteKv) {
           PAGELLM_TEST_CUDA(cudaStreamSynchronize(stream));
 
           // Split on the host, then rope and write_kv (device), and the CPU twins.
-          std::vector<float> q(tokens * qd), k(tokens * kvd), v(tokens * kvd);
-          for (int64_t r = 0; r < tokens; ++r) {
-            std::copy_n(qkv.begin() + r * width, qd, q.begin() + r * qd);
-            std::copy_n(qkv.begin() + r * width + qd, kvd, k.begin() + r * kvd);
-            std::copy_n(qkv.begin() + r * width + qd + kvd, kvd, v.begin() + r * kvd);
-          }
+          const auto [q, k, v] = split_qkv(qkv, tokens, qd, kvd);
           const DeviceBuffer s_q = DeviceBuffer::from(q), s_k = DeviceBuffer::from(k),
                              s_v = DeviceBuffer::from(v);
           const DeviceBuffer skc = DeviceBuffer::from(cache0), svc = DeviceBuffer::from(cache0);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -30,6 +31,30 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1
 
 inline std::vector<float> poisoned(size_t n) {
   return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
+}
+
+// Rotary frequencies inv_freq[i] = theta^(-2i / head_dim), i < head_dim / 2.
+inline std::vector<float> rope_inv_freq(int head_dim, double theta) {
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int i = 0; i < head_dim / 2; ++i)
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(theta, 2.0 * i / head_dim));
+  return inv_freq;
+}
+
+// The q, k and v parts of each row of a fused [tokens, qd + 2 * kvd] projection.
+struct QkvRows {
+  std::vector<float> q, k, v;  // [tokens, qd], [tokens, kvd], [tokens, kvd]
+};
+inline QkvRows split_qkv(const std::vector<float>& qkv, int64_t tokens, int64_t qd, int64_t kvd) {
+  QkvRows out{std::vector<float>(tokens * qd), std::vector<float>(tokens * kvd),
+              std::vector<float>(tokens * kvd)};
+  const int64_t width = qd + 2 * kvd;
+  for (int64_t r = 0; r < tokens; ++r) {
+    std::copy_n(qkv.begin() + r * width, qd, out.q.begin() + r * qd);
+    std::copy_n(qkv.begin() + r * width + qd, kvd, out.k.begin() + r * kvd);
+    std::copy_n(qkv.begin() + r * width + qd + kvd, kvd, out.v.begin() + r * kvd);
+  }
+  return out;
 }
 
 // Values stored in `t` (raw bytes), from float32 with round to nearest even.

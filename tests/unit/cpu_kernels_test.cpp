@@ -23,8 +23,10 @@ namespace {
 using testing::encode;
 using testing::poisoned;
 using testing::random_floats;
+using testing::rope_inv_freq;
 using testing::ScopedPortable;
 using testing::ScopedThreads;
+using testing::split_qkv;
 
 constexpr DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
@@ -336,9 +338,7 @@ TEST(CpuRope, MatchesRotateHalfAndDependsOnlyOnPosition) {
   for (int head_dim : {64, 128}) {
     const int64_t tokens = 37;
     const int hq = 6, hk = 2;
-    std::vector<float> inv_freq(head_dim / 2);
-    for (int i = 0; i < head_dim / 2; ++i)
-      inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / head_dim));
+    const std::vector<float> inv_freq = rope_inv_freq(head_dim, 10000.0);
     std::vector<int32_t> pos(tokens);
     for (int64_t t = 0; t < tokens; ++t)
       pos[t] = static_cast<int32_t>((t * 977) % 5000);
@@ -500,9 +500,7 @@ TEST(CpuKvCache, RopeWriteKvEqualsRopeThenWriteKv) {
                        " heads=" + std::to_string(h.q) + "/" + std::to_string(h.kv) +
                        " tokens=" + std::to_string(tokens));
           const int64_t qd = int64_t(h.q) * dim, kvd = int64_t(h.kv) * dim, width = qd + 2 * kvd;
-          std::vector<float> inv_freq(dim / 2);
-          for (int i = 0; i < dim / 2; ++i)
-            inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / dim));
+          const std::vector<float> inv_freq = rope_inv_freq(dim, 10000.0);
           std::vector<int32_t> pos(tokens);
           for (int64_t i = 0; i < tokens; ++i)
             pos[i] = static_cast<int32_t>((i * 977 + 3) % 5000);
@@ -516,12 +514,7 @@ TEST(CpuKvCache, RopeWriteKvEqualsRopeThenWriteKv) {
           const std::vector<uint8_t> cache0 =
               encode(random_floats(num_blocks * kBlockSize * kvd, 8), t);
 
-          std::vector<float> q(tokens * qd), k(tokens * kvd), v(tokens * kvd);
-          for (int64_t r = 0; r < tokens; ++r) {
-            std::copy_n(qkv.begin() + r * width, qd, q.begin() + r * qd);
-            std::copy_n(qkv.begin() + r * width + qd, kvd, k.begin() + r * kvd);
-            std::copy_n(qkv.begin() + r * width + qd + kvd, kvd, v.begin() + r * kvd);
-          }
+          auto [q, k, v] = split_qkv(qkv, tokens, qd, kvd);
           std::vector<uint8_t> split_k = cache0, split_v = cache0;
           rope(q.data(), k.data(), pos.data(), tokens, h.q, h.kv, dim, inv_freq.data());
           write_kv(k.data(), v.data(), slots.data(), tokens,
