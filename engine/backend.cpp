@@ -41,6 +41,13 @@ class CpuBackend final : public Backend {
     const int64_t rows = static_cast<int64_t>(batch.logit_rows.size());
     out.argmax.resize(rows);
     const int64_t vocab = model_->config().vocab_size;
+    if (!batch.penalty_rows.empty()) {
+      if (batch.penalty_rows.size() != static_cast<size_t>(rows)) {
+        throw std::logic_error("penalty rows do not match the logit rows");
+      }
+      kernels::cpu::apply_penalties(out.logits.data(), rows, vocab, batch.penalty_rows.data(),
+                                    batch.penalty_tokens.data());
+    }
     kernels::cpu::argmax(out.logits.data(), rows, vocab, out.argmax.data());
     out.sampled.clear();
     if (batch.sampling.empty()) return;

@@ -33,11 +33,11 @@ struct Engine::Request {
 
 namespace {
 
-// No penalties, biases or logprobs: the token is the argmax (greedy) or the sampling
-// kernel's draw, which the backend computes where the logits are.
-bool plain_draw(const scheduler::SamplingParams& p) {
-  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && p.logit_bias.empty() && !p.logprobs && p.top_logprobs == 0;
+// Logprobs are those of the model's own logits, which the host computes; without them
+// the token is the argmax (greedy) or the sampling kernel's draw, after the penalties,
+// which the backend computes where the logits are.
+bool wants_logprobs(const scheduler::SamplingParams& p) {
+  return p.logprobs || p.top_logprobs > 0;
 }
 
 EngineConfig resolve(EngineConfig config, const ModelConfig& model) {
@@ -235,26 +235,40 @@ void Engine::step() {
         {s.seq->id, s.seq->tokens, s.seq->num_computed, s.num_new_tokens, s.wants_logits});
   }
   build_forward_batch(chunks_, kv_, batch.block_copies, batch_);
-  // A row whose request has no penalties and wants no logprobs needs only its argmax
-  // (greedy) or a draw the backend makes with the request's own random number: its
-  // logits can stay on the device. Only the others are sampled here.
+  // A row whose request wants no logprobs needs only its argmax (greedy) or a draw the
+  // backend makes with the request's own random number, after the penalties the backend
+  // applies from the request's counts: its logits can stay on the device. Only the
+  // others are sampled here.
   batch_.host_logits.clear();
   batch_.sampling.clear();
+  batch_.penalty_rows.clear();
+  batch_.penalty_tokens.clear();
   bool backend_samples = false;
+  bool backend_penalizes = false;
   for (const scheduler::ScheduledSeq& s : batch.seqs) {
     if (!s.wants_logits) continue;
     const scheduler::SamplingParams& p = s.seq->params;
-    const bool plain = plain_draw(p);
+    Sampler& sampler = requests_.at(static_cast<uint64_t>(s.seq->id))->sampler;
+    const bool on_backend = !wants_logprobs(p);
     RowSampling row;
-    if (plain && !p.greedy()) {
-      row = {p.temperature, p.top_k, p.top_p, p.min_p,
-             requests_.at(static_cast<uint64_t>(s.seq->id))->sampler.next_uniform()};
+    if (on_backend && !p.greedy()) {
+      row = {p.temperature, p.top_k, p.top_p, p.min_p, sampler.next_uniform()};
       backend_samples = true;
     }
-    batch_.host_logits.push_back(plain ? 0 : 1);
+    const auto begin = static_cast<int32_t>(batch_.penalty_tokens.size());
+    kernels::PenaltyRow penalties{begin, begin};
+    if (on_backend && sampler.has_penalties()) {
+      penalties = sampler.penalty_row(begin);
+      const auto& tokens = sampler.penalty_tokens();
+      batch_.penalty_tokens.insert(batch_.penalty_tokens.end(), tokens.begin(), tokens.end());
+      backend_penalizes = true;
+    }
+    batch_.host_logits.push_back(on_backend ? 0 : 1);
     batch_.sampling.push_back(row);
+    batch_.penalty_rows.push_back(penalties);
   }
   if (!backend_samples) batch_.sampling.clear();
+  if (!backend_penalizes) batch_.penalty_rows.clear();
   backend_->forward(batch_, output_);
 
   const int64_t vocab = backend_->config().vocab_size;

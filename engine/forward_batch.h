@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/penalties.h"
+
 namespace pagellm::engine {
 
 // A draw the backend makes itself for one logit row: engine/Sampler's draw when the
-// request has no penalties and wants no logprobs (the kernels' sample_top_k_top_p).
+// request wants no logprobs (the kernels' sample_top_k_top_p, after apply_penalties).
 struct RowSampling {
   float temperature = 0.0f;  // <= 0: this row is not sampled by the backend
   int32_t top_k = 0;
@@ -31,6 +33,12 @@ struct ForwardBatch {
   std::vector<uint8_t> host_logits;
   // [logit_rows.size()] or empty: rows to sample on the backend (temperature > 0).
   std::vector<RowSampling> sampling;
+  // [logit_rows.size()] or empty: penalties and logit biases the backend applies to a
+  // row's logits before its argmax and draw (the kernels' apply_penalties), over
+  // penalty_tokens. Only rows whose logits stay on the backend have any: the logits the
+  // host receives are the model's own.
+  std::vector<kernels::PenaltyRow> penalty_rows;
+  std::vector<kernels::PenaltyToken> penalty_tokens;
   std::vector<int32_t> copy_src;  // blocks to copy before the pass (copy-on-write)
   std::vector<int32_t> copy_dst;
 
@@ -40,7 +48,8 @@ struct ForwardBatch {
 
 // What a forward pass returns, per logit row.
 struct ForwardOutput {
-  std::vector<int32_t> argmax;  // [logit rows] the most likely token (first on ties)
+  // [logit rows] the most likely token (first on ties), after the row's penalties
+  std::vector<int32_t> argmax;
   // [logit rows] when ForwardBatch::sampling is given: the token drawn for each row it
   // samples (the others hold the argmax).
   std::vector<int32_t> sampled;

@@ -23,37 +23,35 @@ void log_softmax(std::span<const float> logits, std::vector<float>& out) {
 Sampler::Sampler(const scheduler::SamplingParams& params, std::span<const int32_t> prompt,
                  uint64_t seed)
     : params_(params), rng_(params.seed.value_or(seed)) {
-  if (params_.repetition_penalty != 1.0f) prompt_tokens_.insert(prompt.begin(), prompt.end());
+  counts_output_ = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                   params_.frequency_penalty != 0.0f;
+  has_penalties_ = counts_output_ || !params_.logit_bias.empty();
+  // A token named twice in logit_bias gets the sum of its biases.
+  for (const auto& [t, bias] : params_.logit_bias) {
+    kernels::PenaltyToken& entry = penalty_token(t);
+    entry.bias = (entry.flags & kernels::kPenaltyHasBias) ? entry.bias + bias : bias;
+    entry.flags |= kernels::kPenaltyHasBias;
+  }
+  if (params_.repetition_penalty != 1.0f) {
+    for (int32_t t : prompt)
+      penalty_token(t).flags |= kernels::kPenaltyInPrompt;
+  }
+}
+
+kernels::PenaltyToken& Sampler::penalty_token(int32_t token) {
+  auto [it, added] =
+      penalty_index_.try_emplace(token, static_cast<int32_t>(penalty_tokens_.size()));
+  if (added) penalty_tokens_.push_back({token, 0, 0.0f, 0});
+  return penalty_tokens_[it->second];
+}
+
+kernels::PenaltyRow Sampler::penalty_row(int32_t begin) const {
+  return {begin, begin + static_cast<int32_t>(penalty_tokens_.size()), params_.repetition_penalty,
+          params_.presence_penalty, params_.frequency_penalty};
 }
 
 void Sampler::observe(int32_t token) {
-  ++output_counts_[token];
-}
-
-void Sampler::apply_penalties(std::vector<float>& logits) const {
-  const int32_t vocab = static_cast<int32_t>(logits.size());
-  auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
-  for (const auto& [t, bias] : params_.logit_bias) {
-    if (in_vocab(t)) logits[t] += bias;
-  }
-  if (params_.repetition_penalty != 1.0f) {
-    const float r = params_.repetition_penalty;
-    auto penalize = [&](int32_t t) {
-      if (!in_vocab(t)) return;
-      logits[t] = logits[t] > 0 ? logits[t] / r : logits[t] * r;
-    };
-    for (int32_t t : prompt_tokens_)
-      penalize(t);
-    for (const auto& [t, count] : output_counts_) {
-      if (!prompt_tokens_.count(t)) penalize(t);
-    }
-  }
-  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
-    for (const auto& [t, count] : output_counts_) {
-      if (!in_vocab(t)) continue;
-      logits[t] -= params_.presence_penalty + params_.frequency_penalty * count;
-    }
-  }
+  if (counts_output_) ++penalty_token(token).output_count;
 }
 
 double Sampler::next_uniform() {
@@ -76,7 +74,11 @@ int32_t Sampler::draw(const std::vector<float>& logits) {
 SampledToken Sampler::sample(std::span<const float> logits) {
   SampledToken out;
   scratch_.assign(logits.begin(), logits.end());
-  apply_penalties(scratch_);
+  if (has_penalties_) {
+    const kernels::PenaltyRow row = penalty_row(0);
+    kernels::cpu::apply_penalties(scratch_.data(), 1, static_cast<int64_t>(scratch_.size()), &row,
+                                  penalty_tokens_.data());
+  }
   if (params_.greedy()) {
     // First maximum on ties, like torch.argmax on CPU; NaN never wins.
     kernels::cpu::argmax(scratch_.data(), 1, static_cast<int64_t>(scratch_.size()), &out.token);

@@ -8,16 +8,17 @@
 // change with the sampling settings.
 //
 // One Sampler per sequence: it holds the request's random generator (same seed, same
-// tokens) and the token counts the penalties need.
+// tokens) and the token counts the penalties need, as the list kernels' apply_penalties
+// reads, so that a backend can apply them where the logits are.
 
 #include <cstdint>
 #include <random>
 #include <span>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/penalties.h"
 #include "scheduler/sampling_params.h"
 
 namespace pagellm::engine {
@@ -49,14 +50,24 @@ class Sampler {
   // token it chose.
   double next_uniform();
 
+  // Whether the request has penalties or a logit_bias; then penalty_tokens() and
+  // penalty_row() say what kernels' apply_penalties must do to its next logits.
+  bool has_penalties() const { return has_penalties_; }
+  // Every token the penalties and the bias touch, each once, with its current counts.
+  const std::vector<kernels::PenaltyToken>& penalty_tokens() const { return penalty_tokens_; }
+  // This request's row for a list whose penalty_tokens() start at `begin`.
+  kernels::PenaltyRow penalty_row(int32_t begin) const;
+
  private:
-  void apply_penalties(std::vector<float>& logits) const;
+  kernels::PenaltyToken& penalty_token(int32_t token);
   int32_t draw(const std::vector<float>& logits);
 
   scheduler::SamplingParams params_;
   std::mt19937_64 rng_;
-  std::unordered_set<int32_t> prompt_tokens_;
-  std::unordered_map<int32_t, int32_t> output_counts_;
+  bool has_penalties_ = false;
+  bool counts_output_ = false;  // a penalty reads the output counts
+  std::vector<kernels::PenaltyToken> penalty_tokens_;
+  std::unordered_map<int32_t, int32_t> penalty_index_;  // token -> its place in the list
   std::vector<float> scratch_;
   kernels::cpu::SamplingScratch sampling_scratch_;
 };

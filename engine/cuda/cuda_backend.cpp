@@ -362,6 +362,7 @@ class CudaBackend final : public Backend {
   void reserve_workspace(size_t bytes);
   void capture(const Step& step, std::pair<int32_t, int32_t> key);
   void upload_inputs(const ForwardBatch& batch, const Step& step, int32_t padded_seqs);
+  void apply_penalties(const ForwardBatch& batch);  // then the argmax again, on stream_
   void enqueue(const Step& step);  // the whole pass, embedding to argmax, on stream_
   cuda::KVCacheLayer layer_cache(int64_t l) const { return kv_[static_cast<size_t>(l)]; }
 
@@ -394,6 +395,9 @@ class CudaBackend final : public Backend {
       in_block_tables_, in_logit_rows_, in_copy_src_, in_copy_dst_;
   DeviceMemory sample_temperature_, sample_top_k_, sample_top_p_, sample_min_p_, sample_uniform_,
       sampled_;
+  // Penalty lists: rows sized with the step, tokens grown to the longest list seen.
+  DeviceMemory penalty_rows_, penalty_tokens_;
+  PinnedMemory host_penalty_tokens_;
   PinnedMemory host_argmax_, host_logits_, host_sampled_;
   Staging staging_;
 
@@ -487,12 +491,15 @@ void CudaBackend::ensure_capacity(int32_t tokens, int32_t seqs, int32_t table_wi
   sample_min_p_ = DeviceMemory(S * f);
   sample_uniform_ = DeviceMemory(S * f);
   sampled_ = DeviceMemory(S * sizeof(int32_t));
+  penalty_rows_ = DeviceMemory(S * sizeof(kernels::PenaltyRow));
   host_argmax_ = PinnedMemory(S * sizeof(int32_t));
   host_sampled_ = PinnedMemory(S * sizeof(int32_t));
   host_logits_ = PinnedMemory(S * V * f);
   // Inputs of one step: ids, positions, slots; query starts, contexts, block tables,
-  // logit rows, copies and sampling parameters; 16 bytes of alignment slack for each.
-  staging_.reserve(static_cast<size_t>(T) * 16 + static_cast<size_t>(S) * (W + 12) * 4 + 64 * 16);
+  // logit rows, copies, sampling parameters and penalty rows; 16 bytes of alignment
+  // slack for each.
+  static_assert(sizeof(kernels::PenaltyRow) == 5 * 4);
+  staging_.reserve(static_cast<size_t>(T) * 16 + static_cast<size_t>(S) * (W + 17) * 4 + 64 * 16);
   cap_tokens_ = static_cast<int32_t>(T);
   cap_seqs_ = static_cast<int32_t>(S);
   cap_width_ = static_cast<int32_t>(W);
@@ -579,6 +586,38 @@ void CudaBackend::upload_inputs(const ForwardBatch& batch, const Step& step, int
     send(sample_min_p_.get(), m, R * sizeof(float));
     send(sample_uniform_.get(), u, R * sizeof(float));
   }
+}
+
+// The penalties change the logits of the rows that have them, after the pass (a graph,
+// perhaps) took every row's argmax: the argmax is taken again. Rows whose logits the host
+// receives have none, so those logits stay the model's own.
+void CudaBackend::apply_penalties(const ForwardBatch& batch) {
+  const auto R = static_cast<int32_t>(batch.logit_rows.size());
+  if (batch.penalty_rows.size() != static_cast<size_t>(R)) {
+    throw std::logic_error("CUDA backend: penalty rows do not match the logit rows");
+  }
+  const size_t bytes = batch.penalty_tokens.size() * sizeof(kernels::PenaltyToken);
+  if (bytes > penalty_tokens_.bytes()) {
+    // The previous step's copies ended with its synchronization; nothing reads these now.
+    const size_t grown = std::max(bytes + bytes / 2, size_t(64) << 10);
+    penalty_tokens_ = DeviceMemory();
+    penalty_tokens_ = DeviceMemory(grown);
+    host_penalty_tokens_ = PinnedMemory();
+    host_penalty_tokens_ = PinnedMemory(grown);
+  }
+  auto* rows = staging_.take<kernels::PenaltyRow>(R);
+  std::copy(batch.penalty_rows.begin(), batch.penalty_rows.end(), rows);
+  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(penalty_rows_.get(), rows, R * sizeof(kernels::PenaltyRow),
+                                     cudaMemcpyHostToDevice, stream_));
+  if (bytes > 0) {
+    std::memcpy(host_penalty_tokens_.get(), batch.penalty_tokens.data(), bytes);
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(penalty_tokens_.get(), host_penalty_tokens_.get(), bytes,
+                                       cudaMemcpyHostToDevice, stream_));
+  }
+  const int64_t V = config_.vocab_size;
+  cuda::apply_penalties(logits_.get<float>(), R, V, penalty_rows_.get<kernels::PenaltyRow>(),
+                        penalty_tokens_.get<kernels::PenaltyToken>(), stream_);
+  cuda::argmax(logits_.get<float>(), R, V, argmax_.get<int32_t>(), stream_);
 }
 
 void CudaBackend::enqueue(const Step& st) {
@@ -777,6 +816,8 @@ void CudaBackend::run_step(const ForwardBatch& batch, ForwardOutput& out) {
   } else {
     enqueue(st);
   }
+
+  if (!batch.penalty_rows.empty()) apply_penalties(batch);
 
   // Results: every row's argmax, the draws asked for, and the logits the host wants.
   const int64_t V = c.vocab_size;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/penalties.h"
 
 namespace pagellm::kernels::cpu {
 
@@ -178,6 +179,20 @@ void paged_attention_decode(const float* q,  // [num_seqs, num_q_heads, head_dim
                             const KVCacheLayer& cache, const PagedAttentionBatch& batch,
                             int num_q_heads, float scale,
                             float* out);  // [num_seqs, num_q_heads, head_dim]
+
+// Applies each row's penalties to its logits in place, as engine/Sampler does before
+// choosing a token. For every listed token t of row r (t in [0, vocab)), in this order:
+//   x += bias                                      with kPenaltyHasBias
+//   x = x > 0 ? x / repetition : x * repetition    if repetition != 1 and t is in the
+//                                                  prompt or output_count > 0
+//   x -= presence + frequency * output_count       if output_count > 0 and presence or
+//                                                  frequency is not 0
+// each operation rounded on its own (no fused multiply-add). Unlisted logits are left
+// as they are.
+void apply_penalties(float* logits,  // [rows, vocab]
+                     int64_t rows, int64_t vocab,
+                     const PenaltyRow* penalty_rows,  // [rows]
+                     const PenaltyToken* tokens);     // [penalty_rows[rows - 1].end]
 
 // Index of the largest value of each row (the first one on ties; NaN never wins).
 void argmax(const float* logits,  // [rows, vocab]

@@ -1,5 +1,5 @@
-// Top-k / top-p / min-p sampling of one token per row: the arithmetic of engine/Sampler's
-// draw, and the reference the CUDA kernel is tested against.
+// Penalties and top-k / top-p / min-p sampling of one token per row: the arithmetic of
+// engine/Sampler, and the reference the CUDA kernels are tested against.
 
 #include <algorithm>
 #include <cmath>
@@ -78,6 +78,27 @@ int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_
 }
 
 }  // namespace
+
+void apply_penalties(float* logits, int64_t rows, int64_t vocab, const PenaltyRow* penalty_rows,
+                     const PenaltyToken* tokens) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const PenaltyRow& row = penalty_rows[r];
+    float* x = logits + r * vocab;
+    for (int32_t i = row.begin; i < row.end; ++i) {
+      const PenaltyToken& t = tokens[i];
+      if (t.token < 0 || t.token >= vocab) continue;
+      float v = x[t.token];
+      if (t.flags & kPenaltyHasBias) v += t.bias;
+      if (row.repetition != 1.0f && ((t.flags & kPenaltyInPrompt) || t.output_count > 0)) {
+        v = v > 0.0f ? v / row.repetition : v * row.repetition;
+      }
+      if (t.output_count > 0 && (row.presence != 0.0f || row.frequency != 0.0f)) {
+        v -= row.presence + row.frequency * static_cast<float>(t.output_count);
+      }
+      x[t.token] = v;
+    }
+  }
+}
 
 void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab,
                         const SamplingRows& params, int32_t* out, SamplingScratch* scratch) {

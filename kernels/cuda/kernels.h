@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/penalties.h"
 
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
@@ -183,6 +184,16 @@ void paged_attention_decode(const float* q,  // [num_seqs, num_q_heads, head_dim
                             void* workspace,  // paged_attention_decode_workspace_bytes(...)
                             void* out,        // [num_seqs, num_q_heads, head_dim] of `out_dtype`
                             DType out_dtype, cudaStream_t stream, int partition_tokens = 0);
+
+// Applies each row's penalties to its logits in place, exactly as kernels::cpu's
+// apply_penalties (the same operations, each rounded on its own, so the same bits). One
+// thread block per row; a row lists each token at most once, so no two threads write
+// the same logit.
+void apply_penalties(float* logits,  // [rows, vocab]
+                     int64_t rows, int64_t vocab,
+                     const PenaltyRow* penalty_rows,  // [rows] device memory
+                     const PenaltyToken* tokens,      // [penalty_rows[rows - 1].end] device
+                     cudaStream_t stream);
 
 // Index of the largest value of each row (the first one on ties); NaN never wins.
 void argmax(const float* logits,  // [rows, vocab]

@@ -1,6 +1,6 @@
-// Sampling kernels: argmax (greedy) and top-k / top-p / min-p sampling, one thread block
-// per row. The sampler follows kernels::cpu::sample_top_k_top_p (engine/Sampler's draw)
-// without sorting the vocabulary:
+// Sampling kernels: penalties, argmax (greedy) and top-k / top-p / min-p sampling, one
+// thread block per row. The sampler follows kernels::cpu::sample_top_k_top_p (engine/Sampler's
+// draw) without sorting the vocabulary:
 //
 //   Every set of tokens the sampler keeps is a prefix of the ranking "larger weight first,
 //   lower id first on ties", so it is written as a cut {tau, id}: the tokens with weight
@@ -30,11 +30,40 @@
 namespace pagellm::kernels::cuda {
 namespace {
 
+constexpr int kPenaltyThreads = 128;
 constexpr int kArgmaxThreads = 512;
 constexpr int kSampleThreads = 512;
 
 void require(bool ok, const char* what) {
   if (!ok) throw std::invalid_argument(std::string("CUDA kernel: ") + what);
+}
+
+// ---------------------------------------------------------------------------------------
+// apply_penalties
+
+// The CPU twin's operations with explicit rounding (nvcc would otherwise fuse the
+// frequency product into the subtraction).
+__global__ void __launch_bounds__(kPenaltyThreads)
+    penalties_kernel(float* __restrict__ logits, int64_t vocab,
+                     const PenaltyRow* __restrict__ penalty_rows,
+                     const PenaltyToken* __restrict__ tokens) {
+  const PenaltyRow row = penalty_rows[blockIdx.x];
+  float* x = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  for (int32_t i = row.begin + static_cast<int32_t>(threadIdx.x); i < row.end;
+       i += kPenaltyThreads) {
+    const PenaltyToken t = tokens[i];
+    if (t.token < 0 || t.token >= vocab) continue;
+    float v = x[t.token];
+    if (t.flags & kPenaltyHasBias) v = __fadd_rn(v, t.bias);
+    if (row.repetition != 1.0f && ((t.flags & kPenaltyInPrompt) || t.output_count > 0)) {
+      v = v > 0.0f ? __fdiv_rn(v, row.repetition) : __fmul_rn(v, row.repetition);
+    }
+    if (t.output_count > 0 && (row.presence != 0.0f || row.frequency != 0.0f)) {
+      const float count = static_cast<float>(t.output_count);
+      v = __fsub_rn(v, __fadd_rn(row.presence, __fmul_rn(row.frequency, count)));
+    }
+    x[t.token] = v;
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -304,6 +333,17 @@ __global__ void __launch_bounds__(kSampleThreads)
 }
 
 }  // namespace
+
+void apply_penalties(float* logits, int64_t rows, int64_t vocab, const PenaltyRow* penalty_rows,
+                     const PenaltyToken* tokens, cudaStream_t stream) {
+  require(rows >= 0, "apply_penalties: negative row count");
+  if (rows == 0) return;
+  require(vocab > 0, "apply_penalties: vocab out of range");
+  require(rows <= INT32_MAX, "apply_penalties: too many rows");
+  penalties_kernel<<<static_cast<unsigned>(rows), kPenaltyThreads, 0, stream>>>(
+      logits, vocab, penalty_rows, tokens);
+  PAGELLM_CUDA_CHECK_LAUNCH();
+}
 
 void argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out, cudaStream_t stream) {
   require(rows >= 0, "argmax: negative row count");

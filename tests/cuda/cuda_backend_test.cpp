@@ -71,14 +71,23 @@ class CudaBackendTest : public ::testing::TestWithParam<Arch> {
   // Greedy tokens of every request, all submitted at once (one batch of mixed lengths).
   static std::vector<std::vector<int32_t>> generate(
       Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens) {
-    std::vector<std::shared_ptr<RequestStream>> streams;
+    std::vector<GenerationRequest> requests;
     for (const auto& p : prompts) {
       GenerationRequest r;
       r.prompt = p;
       r.params.temperature = 0;
       r.params.max_tokens = max_tokens;
       r.params.ignore_eos = true;
-      auto submitted = engine.submit(std::move(r));
+      requests.push_back(std::move(r));
+    }
+    return generate(engine, requests);
+  }
+
+  static std::vector<std::vector<int32_t>> generate(
+      Engine& engine, const std::vector<GenerationRequest>& requests) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const GenerationRequest& r : requests) {
+      auto submitted = engine.submit(r);
       EXPECT_TRUE(submitted.ok()) << submitted.message;
       streams.push_back(submitted.stream);
     }
@@ -123,6 +132,56 @@ TEST_P(CudaBackendTest, GreedyTokensMatchTheCpuBackend) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(gpu[i], cpu[i]) << "prompt " << i << " of " << prompts[i].size() << " tokens";
   }
+}
+
+// Penalties and logit biases applied on the device (then the argmax again, after a
+// replayed graph's) give the CPU backend's greedy tokens; so does the host path, taken by
+// a request that also asks for logprobs. All in one batch, each row with its own list.
+TEST_P(CudaBackendTest, PenalizedTokensMatchTheCpuBackend) {
+  const uint32_t seed = kernels::cuda::testing::fresh_seed();
+  SCOPED_TRACE(kernels::cuda::testing::seed_trace(seed));
+  std::mt19937 rng(seed);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r;
+    r.prompt.resize(20 + 7 * i);
+    for (auto& t : r.prompt)
+      t = 3 + static_cast<int32_t>(rng() % 40);  // a small range: tokens repeat
+    r.params.temperature = 0;
+    r.params.max_tokens = 40;
+    r.params.ignore_eos = true;
+    switch (i) {
+      case 0:
+        break;  // none
+      case 1:
+        r.params.repetition_penalty = 1.4f;
+        break;
+      case 2:
+        r.params.presence_penalty = 0.7f;
+        r.params.frequency_penalty = 0.5f;
+        break;
+      case 3:
+        r.params.logit_bias = {{10, 4.0f}, {11, -3.0f}};
+        break;
+      case 4:
+        r.params.repetition_penalty = 1.2f;
+        r.params.frequency_penalty = 0.3f;
+        r.params.logit_bias = {{12, 2.0f}};
+        break;
+      case 5:  // the host path
+        r.params.repetition_penalty = 1.4f;
+        r.params.logprobs = true;
+        break;
+    }
+    requests.push_back(std::move(r));
+  }
+  auto cpu_engine = make_engine(make_cpu_backend(LlamaModel::load(dir_)));
+  const auto cpu = generate(*cpu_engine, requests);
+  cpu_engine.reset();
+  auto cuda_engine = make_engine(make_cuda_backend(dir_, cuda_options(/*float32=*/true)));
+  const auto gpu = generate(*cuda_engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(gpu[i], cpu[i]) << "request " << i;
 }
 
 // Sequences stepped by hand on both backends, each with its own shuffled blocks.

@@ -1,15 +1,16 @@
-// The sampling kernels against their CPU twins: argmax exactly (ties, NaN, rows of one
-// token, a 128k vocabulary), and top-k / top-p / min-p sampling token for token on random
-// logits with mixed parameters, wherever the draw is not within rounding of a boundary
-// (the device's exp and float32 weights differ from the CPU's by an ulp or two; the
-// test finds the boundaries on the CPU and counts only clear cases, which must all match).
-// Fresh random inputs each run; PAGELLM_TEST_SEED=N replays one. Skipped without a GPU.
+// The sampling kernels against their CPU twins: penalties and argmax exactly (ties, NaN,
+// rows of one token, a 128k vocabulary), and top-k / top-p / min-p sampling token for token on
+// random logits with mixed parameters, wherever the draw is not within rounding of a boundary (the
+// device's exp and float32 weights differ from the CPU's by an ulp or two; the test finds the
+// boundaries on the CPU and counts only clear cases, which must all match). Fresh random inputs
+// each run; PAGELLM_TEST_SEED=N replays one. Skipped without a GPU.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <numeric>
@@ -31,6 +32,76 @@ using testing::Stream;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------
+// apply_penalties
+
+// Random rows of random lists (prompt tokens, counted output tokens, biases, tokens
+// outside the vocabulary, empty lists, rows without a repetition penalty): every logit
+// equals the CPU twin's, bit for bit.
+TEST(CudaPenalties, MatchCpuExactly) {
+  PAGELLM_REQUIRE_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::uniform_real_distribution<float> penalty(0.0f, 2.0f);
+  for (int64_t vocab : {7, 1000, 128256}) {
+    for (int64_t rows : {1, 5, 200}) {
+      SCOPED_TRACE("vocab=" + std::to_string(vocab) + " rows=" + std::to_string(rows));
+      std::vector<float> logits(rows * vocab);
+      for (float& x : logits)
+        x = normal(rng);
+      std::vector<PenaltyRow> penalty_rows;
+      std::vector<PenaltyToken> tokens;
+      for (int64_t r = 0; r < rows; ++r) {
+        PenaltyRow row;
+        row.begin = static_cast<int32_t>(tokens.size());
+        const int mode = static_cast<int>(r % 4);
+        row.repetition = mode == 1 ? 1.0f : 0.5f + penalty(rng);
+        row.presence = mode == 2 ? 0.0f : penalty(rng) - 1.0f;
+        row.frequency = mode == 2 ? 0.0f : penalty(rng) - 1.0f;
+        // Distinct tokens: a random subset, plus two outside the vocabulary.
+        const int64_t n = mode == 3 ? 0 : std::min<int64_t>(vocab, 1 + rng() % 3000);
+        std::vector<int32_t> ids(vocab);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        ids.resize(n);
+        if (n > 0) {
+          ids.push_back(static_cast<int32_t>(vocab));
+          ids.push_back(-3);
+        }
+        for (int32_t id : ids) {
+          PenaltyToken t{id, static_cast<int32_t>(rng() % 3 == 0 ? rng() % 20 : 0), 0.0f, 0};
+          if (rng() % 2) t.flags |= kPenaltyInPrompt;
+          if (rng() % 3 == 0) {
+            t.flags |= kPenaltyHasBias;
+            t.bias = normal(rng) * 10.0f;
+          }
+          tokens.push_back(t);
+        }
+        row.end = static_cast<int32_t>(tokens.size());
+        penalty_rows.push_back(row);
+      }
+      std::vector<float> expected = logits;
+      cpu::apply_penalties(expected.data(), rows, vocab, penalty_rows.data(), tokens.data());
+      const DeviceBuffer d_logits = DeviceBuffer::from(logits);
+      const DeviceBuffer d_rows = DeviceBuffer::from(penalty_rows);
+      const DeviceBuffer d_tokens = DeviceBuffer::from(tokens);
+      Stream stream;
+      apply_penalties(d_logits.get<float>(), rows, vocab, d_rows.get<PenaltyRow>(),
+                      d_tokens.get<PenaltyToken>(), stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const std::vector<float> got = d_logits.download<float>();
+      ASSERT_EQ(got.size(), expected.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        differ += std::memcmp(&got[i], &expected[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0) << "of " << got.size() << " logits";
+      EXPECT_NE(expected, logits);  // the lists did change something
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------
 // argmax

@@ -1,7 +1,8 @@
 // CPU kernels other than attention: matmul, norms, rope, SiLU, embedding, KV writes,
-// argmax, sampling. Where kernels.h promises an exact result (matmul vs matmul_reference, SIMD vs
-// portable path, thread count, a row alone vs in a batch) the test compares bits; against
-// a double-precision reference it uses a tolerance derived from float32 rounding.
+// argmax, penalties, sampling. Where kernels.h promises an exact result (matmul vs
+// matmul_reference, SIMD vs portable path, thread count, a row alone vs in a batch) the
+// test compares bits; against a double-precision reference it uses a tolerance derived
+// from float32 rounding.
 
 #include <gtest/gtest.h>
 
@@ -552,6 +553,61 @@ TEST(CpuKvCache, CopyBlocksCopiesKeysAndValues) {
       ASSERT_EQ(vc[b * block + i], v0[from * block + i]);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// apply_penalties
+
+// Each rule on its own, worked by hand: the bias is added first, the repetition penalty
+// divides positive and multiplies negative logits of tokens in the prompt or the output,
+// presence and frequency subtract by the output count; unlisted tokens, tokens outside
+// the vocabulary and other rows are left alone.
+TEST(CpuPenalties, EachRuleOnItsOwnAndInOrder) {
+  constexpr int64_t kVocab = 6;
+  std::vector<float> logits = {4.0f, -2.0f, 3.0f, 1.0f, 0.5f, 7.0f,   // row 0
+                               4.0f, -2.0f, 3.0f, 1.0f, 0.5f, 7.0f,   // row 1: none
+                               4.0f, -2.0f, 3.0f, 1.0f, 0.5f, 7.0f};  // row 2
+  const std::vector<PenaltyToken> tokens = {
+      // row 0: repetition 2, presence 0.5, frequency 0.25
+      {0, 0, 0.0f, kPenaltyInPrompt},                    // 4 / 2
+      {1, 0, 0.0f, kPenaltyInPrompt},                    // -2 * 2
+      {2, 3, 0.0f, 0},                                   // 3 / 2 - (0.5 + 0.75)
+      {3, 0, -3.0f, kPenaltyHasBias},                    // 1 - 3, no repetition (unseen)
+      {4, 1, 1.5f, kPenaltyHasBias | kPenaltyInPrompt},  // (0.5 + 1.5) / 2 - 0.75
+      {kVocab, 2, 9.0f, kPenaltyHasBias},                // outside: ignored
+      {-1, 2, 9.0f, kPenaltyHasBias},                    // outside: ignored
+      // row 2: only a frequency penalty; the prompt flag alone changes nothing
+      {5, 2, 0.0f, kPenaltyInPrompt},  // 7 - 2 * 1.5
+      {0, 0, 0.0f, kPenaltyInPrompt}};
+  const PenaltyRow rows[] = {{0, 7, 2.0f, 0.5f, 0.25f}, {7, 7}, {7, 9, 1.0f, 0.0f, 1.5f}};
+  apply_penalties(logits.data(), 3, kVocab, rows, tokens.data());
+  const std::vector<float> expected = {2.0f, -4.0f, 0.25f, -2.0f, 0.25f, 7.0f,   // row 0
+                                       4.0f, -2.0f, 3.0f,  1.0f,  0.5f,  7.0f,   // row 1
+                                       4.0f, -2.0f, 3.0f,  1.0f,  0.5f,  4.0f};  // row 2
+  EXPECT_EQ(logits, expected);
+}
+
+// The rounding kernels.h states: every operation rounded on its own (the CUDA twin must
+// give the same bits). A fused multiply-add in p + f * c changes some of these results.
+TEST(CpuPenalties, EachOperationIsRoundedOnItsOwn) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f), penalty(0.1f, 2.0f);
+  int fused_differs = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    float x = value(rng);
+    const PenaltyToken t{0, 1 + trial % 7, value(rng), kPenaltyHasBias};
+    const PenaltyRow row{0, 1, penalty(rng), penalty(rng), penalty(rng)};
+    volatile float v = x + t.bias;  // volatile: each step stored, so rounded, on its own
+    v = v > 0.0f ? v / row.repetition : v * row.repetition;
+    volatile float product = row.frequency * static_cast<float>(t.output_count);
+    volatile float sum = row.presence + product;
+    const float expected = v - sum;
+    fused_differs +=
+        v - std::fma(row.frequency, static_cast<float>(t.output_count), row.presence) != expected;
+    apply_penalties(&x, 1, 1, &row, &t);
+    ASSERT_EQ(x, expected) << "trial " << trial;
+  }
+  EXPECT_GT(fused_differs, 0);
 }
 
 // ---------------------------------------------------------------------------------------

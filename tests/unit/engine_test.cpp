@@ -214,6 +214,53 @@ TEST_F(EngineTest, BackendDrawsEqualHostDrawsForTheSameSeed) {
   }
 }
 
+// Penalties and logit biases are applied by the backend, from the Sampler's counts, for
+// a request that wants no logprobs, and by the Sampler on the host for one that does.
+// Both must give the same tokens, greedy or drawn, with all of them in one batch (each
+// row with its own list).
+TEST_F(EngineTest, BackendPenaltiesEqualHostPenalties) {
+  auto engine = make_engine(512);
+  struct Setting {
+    const char* name;
+    float repetition, presence, frequency, temperature;
+    std::vector<std::pair<int32_t, float>> bias;
+  };
+  const std::vector<Setting> settings = {
+      {"none", 1.0f, 0.0f, 0.0f, 0.0f, {}},
+      {"repetition", 1.5f, 0.0f, 0.0f, 0.0f, {}},
+      {"presence and frequency", 1.0f, 0.8f, 0.6f, 0.0f, {}},
+      {"bias", 1.0f, 0.0f, 0.0f, 0.0f, {{40, 100.0f}, {41, -2.0f}}},
+      {"all, drawn", 1.3f, 0.5f, 0.4f, 0.9f, {{40, 1.0f}}},
+      {"repetition, drawn", 1.5f, 0.0f, 0.0f, 1.2f, {}},
+  };
+  std::vector<SubmitResult> plain, with_logprobs;
+  for (const Setting& setting : settings) {
+    GenerationRequest r = greedy({5, 6, 7, 8, 9, 10, 11, 5, 6, 7}, 32);
+    r.params.repetition_penalty = setting.repetition;
+    r.params.presence_penalty = setting.presence;
+    r.params.frequency_penalty = setting.frequency;
+    r.params.temperature = setting.temperature;
+    r.params.logit_bias = setting.bias;
+    r.params.seed = 77;
+    GenerationRequest l = r;
+    l.params.logprobs = true;
+    plain.push_back(engine->submit(r));
+    with_logprobs.push_back(engine->submit(l));
+  }
+  std::vector<std::vector<int32_t>> tokens;
+  for (size_t i = 0; i < settings.size(); ++i) {
+    ASSERT_TRUE(plain[i].ok() && with_logprobs[i].ok());
+    tokens.push_back(token_ids(plain[i].stream->collect()));
+    EXPECT_EQ(tokens.back(), token_ids(with_logprobs[i].stream->collect())) << settings[i].name;
+    EXPECT_EQ(tokens.back().size(), 32u) << settings[i].name;
+  }
+  // The penalties did change the greedy tokens: the test compares two paths that apply
+  // them, not two that skip them.
+  for (size_t i = 1; i < 4; ++i)
+    EXPECT_NE(tokens[i], tokens[0]) << settings[i].name;
+  EXPECT_EQ(tokens[3], std::vector<int32_t>(32, 40));  // a bias of 100 wins every step
+}
+
 TEST_F(EngineTest, UsageCountsCachedPromptTokensAndTimesAreOrdered) {
   auto engine = make_engine(64);
   const std::vector<int32_t> prompt(50, 77);

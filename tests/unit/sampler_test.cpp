@@ -151,6 +151,58 @@ TEST(Sampler, LogitBiasIsAddedBeforeChoosing) {
     EXPECT_NE(draws.sample(std::vector<float>{0.0f, 0.0f}).token, 1);
 }
 
+// The list a backend's apply_penalties reads: each token once, with its bias (a token
+// named twice gets both), whether the prompt holds it (only where the repetition penalty
+// needs it) and how often the output does.
+TEST(Sampler, PenaltyListHasEachTokenOnceWithItsCounts) {
+  SamplingParams p = greedy();
+  p.repetition_penalty = 1.3f;
+  p.presence_penalty = 0.2f;
+  p.logit_bias = {{7, 2.0f}, {3, -1.0f}, {7, 1.0f}};
+  Sampler s(p, std::vector<int32_t>{3, 5, 5, 9}, 0);
+  s.observe(5);
+  s.observe(11);
+  s.observe(5);
+  ASSERT_TRUE(s.has_penalties());
+  std::map<int32_t, kernels::PenaltyToken> by_token;
+  for (const kernels::PenaltyToken& t : s.penalty_tokens())
+    EXPECT_TRUE(by_token.emplace(t.token, t).second) << "token " << t.token << " twice";
+  ASSERT_EQ(by_token.size(), 5u);
+  auto expect = [&](int32_t token, int32_t count, float bias, uint32_t flags) {
+    const kernels::PenaltyToken& t = by_token.at(token);
+    EXPECT_EQ(t.output_count, count) << token;
+    EXPECT_EQ(t.flags, flags) << token;
+    if (flags & kernels::kPenaltyHasBias) {
+      EXPECT_EQ(t.bias, bias) << token;
+    }
+  };
+  expect(7, 0, 3.0f, kernels::kPenaltyHasBias);
+  expect(3, 0, -1.0f, kernels::kPenaltyHasBias | kernels::kPenaltyInPrompt);
+  expect(5, 2, 0.0f, kernels::kPenaltyInPrompt);
+  expect(9, 0, 0.0f, kernels::kPenaltyInPrompt);
+  expect(11, 1, 0.0f, 0);
+  const kernels::PenaltyRow row = s.penalty_row(40);
+  EXPECT_EQ(row.begin, 40);
+  EXPECT_EQ(row.end, 45);
+  EXPECT_EQ(row.repetition, 1.3f);
+  EXPECT_EQ(row.presence, 0.2f);
+  EXPECT_EQ(row.frequency, 0.0f);
+
+  // Without penalties nothing is listed or counted; a bias alone lists only its tokens.
+  Sampler plain(greedy(), std::vector<int32_t>{1, 2}, 0);
+  plain.observe(4);
+  EXPECT_FALSE(plain.has_penalties());
+  EXPECT_TRUE(plain.penalty_tokens().empty());
+  SamplingParams b = greedy();
+  b.logit_bias = {{2, 5.0f}};
+  Sampler biased(b, std::vector<int32_t>{1, 2}, 0);
+  biased.observe(4);
+  EXPECT_TRUE(biased.has_penalties());
+  ASSERT_EQ(biased.penalty_tokens().size(), 1u);
+  EXPECT_EQ(biased.penalty_tokens()[0].token, 2);
+  EXPECT_EQ(biased.penalty_tokens()[0].flags, kernels::kPenaltyHasBias);
+}
+
 TEST(Sampler, LogprobsAreTheModelsLogSoftmax) {
   SamplingParams p = greedy();
   p.logprobs = true;
