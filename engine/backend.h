@@ -48,7 +48,8 @@ class Backend {
   virtual int64_t kv_cache_bytes() const = 0;
 
   // Runs one step: writes the batch's K/V into the pool and returns the argmax of every
-  // logit row, and the logits of the rows batch.host_logits asks for. Throws
+  // logit row and the draws batch.sampling asks for, both after the row's
+  // batch.penalty_rows, and the model's logits of the rows batch.host_logits asks for. Throws
   // DeviceLostError when the device is gone for good; another exception fails the step
   // only.
   virtual void forward(const ForwardBatch& batch, ForwardOutput& out) = 0;

@@ -26,7 +26,7 @@ Sampler::Sampler(const scheduler::SamplingParams& params, std::span<const int32_
   counts_output_ = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                    params_.frequency_penalty != 0.0f;
   has_penalties_ = counts_output_ || !params_.logit_bias.empty();
-  // A token named twice in logit_bias gets the sum of its biases.
+  // A token named twice in logit_bias (the server refuses that) gets the sum of its biases.
   for (const auto& [t, bias] : params_.logit_bias) {
     kernels::PenaltyToken& entry = penalty_token(t);
     entry.bias = (entry.flags & kernels::kPenaltyHasBias) ? entry.bias + bias : bias;

@@ -42,7 +42,7 @@ class Sampler {
   // Chooses the next token from `logits` ([vocab]) and records it for the penalties.
   SampledToken sample(std::span<const float> logits);
 
-  // Records a token chosen elsewhere (e.g. replayed after preemption) for the penalties.
+  // Records a token chosen elsewhere (by the backend) for the penalties.
   void observe(int32_t token);
 
   // The random number the next draw would use, taken now, for a draw made elsewhere

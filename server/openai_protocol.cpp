@@ -127,6 +127,11 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
       if (!it.value().is_number() || !(std::fabs(it.value().get<double>()) <= 100.0)) {
         fail("'logit_bias' values must be numbers from -100 to 100", "logit_bias");
       }
+      for (const auto& [named, bias] : p.logit_bias) {
+        if (named == id) {
+          fail("'logit_bias' names token " + std::to_string(id) + " twice", "logit_bias");
+        }
+      }
       p.logit_bias.emplace_back(static_cast<int32_t>(id),
                                 static_cast<float>(it.value().get<double>()));
     }

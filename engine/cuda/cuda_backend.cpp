@@ -599,11 +599,12 @@ void CudaBackend::apply_penalties(const ForwardBatch& batch) {
   const size_t bytes = batch.penalty_tokens.size() * sizeof(kernels::PenaltyToken);
   if (bytes > penalty_tokens_.bytes()) {
     // The previous step's copies ended with its synchronization; nothing reads these now.
+    // Both replaced only once both exist: a failed allocation leaves the old pair.
     const size_t grown = std::max(bytes + bytes / 2, size_t(64) << 10);
-    penalty_tokens_ = DeviceMemory();
-    penalty_tokens_ = DeviceMemory(grown);
-    host_penalty_tokens_ = PinnedMemory();
-    host_penalty_tokens_ = PinnedMemory(grown);
+    DeviceMemory device(grown);
+    PinnedMemory host(grown);
+    penalty_tokens_ = std::move(device);
+    host_penalty_tokens_ = std::move(host);
   }
   auto* rows = staging_.take<kernels::PenaltyRow>(R);
   std::copy(batch.penalty_rows.begin(), batch.penalty_rows.end(), rows);

@@ -161,7 +161,7 @@ TEST_P(CudaBackendTest, PenalizedTokensMatchTheCpuBackend) {
         r.params.frequency_penalty = 0.5f;
         break;
       case 3:
-        r.params.logit_bias = {{10, 4.0f}, {11, -3.0f}};
+        r.params.logit_bias = {{10, 100.0f}, {11, -3.0f}};
         break;
       case 4:
         r.params.repetition_penalty = 1.2f;
@@ -175,13 +175,23 @@ TEST_P(CudaBackendTest, PenalizedTokensMatchTheCpuBackend) {
     }
     requests.push_back(std::move(r));
   }
+  std::vector<GenerationRequest> unpenalized = requests;
+  for (GenerationRequest& r : unpenalized)
+    r.params = requests[0].params;
   auto cpu_engine = make_engine(make_cpu_backend(LlamaModel::load(dir_)));
   const auto cpu = generate(*cpu_engine, requests);
+  const auto cpu_unpenalized = generate(*cpu_engine, unpenalized);
   cpu_engine.reset();
   auto cuda_engine = make_engine(make_cuda_backend(dir_, cuda_options(/*float32=*/true)));
   const auto gpu = generate(*cuda_engine, requests);
   for (size_t i = 0; i < requests.size(); ++i)
     EXPECT_EQ(gpu[i], cpu[i]) << "request " << i;
+  // The penalties did change tokens, so the comparison is of two paths that apply them.
+  EXPECT_EQ(gpu[3], std::vector<int32_t>(40, 10));  // a bias of 100 wins every step
+  int changed = 0;
+  for (size_t i : {1, 2, 4})
+    changed += cpu[i] != cpu_unpenalized[i] ? 1 : 0;
+  EXPECT_GE(changed, 1) << "of the repetition, presence and frequency requests";
 }
 
 // Sequences stepped by hand on both backends, each with its own shuffled blocks.
@@ -276,8 +286,9 @@ TEST_P(CudaBackendTest, LogitsOfPrefillDecodeAndGraphStepsMatchTheCpu) {
 }
 
 // The argmax of every row, the logits of only the rows asked for, and device draws
-// (float32 matmuls, so the logits are the CPU's up to summation order): tokens equal the
-// CPU backend's, draws included, except where a draw falls within rounding of a boundary.
+// (float32 matmuls, so the logits are the CPU's up to summation order), some rows with
+// penalties: tokens equal the CPU backend's, draws included, except where a draw falls
+// within rounding of a boundary; the logits the host receives are the model's own.
 TEST_P(CudaBackendTest, ArgmaxPartialLogitsAndDrawsMatchTheCpu) {
   auto cpu = make_cpu_backend(LlamaModel::load(dir_));
   auto gpu = make_cuda_backend(dir_, cuda_options(/*float32=*/true));
@@ -300,6 +311,25 @@ TEST_P(CudaBackendTest, ArgmaxPartialLogitsAndDrawsMatchTheCpu) {
     if (r % 2 == 1) row = {0.8f, r == 3 ? 20 : 0, 0.9f, 0.02f, u(rng)};
     b.sampling.push_back(row);
   }
+  // Penalties on rows 1 (drawn), 2 (greedy: a bias that must win) and 4 (greedy); the
+  // host rows 0, 3 and 7 have none, as the engine sends them.
+  b.penalty_rows.resize(8);
+  auto penalize = [&](int r, kernels::PenaltyRow row, std::vector<kernels::PenaltyToken> list) {
+    row.begin = static_cast<int32_t>(b.penalty_tokens.size());
+    row.end = row.begin + static_cast<int32_t>(list.size());
+    b.penalty_tokens.insert(b.penalty_tokens.end(), list.begin(), list.end());
+    b.penalty_rows[r] = row;
+  };
+  std::vector<kernels::PenaltyToken> seen;
+  for (int32_t t : h.tokens(1))
+    seen.push_back({t, 1, 0.0f, kernels::kPenaltyInPrompt});
+  std::sort(seen.begin(), seen.end(), [](auto& x, auto& y) { return x.token < y.token; });
+  seen.erase(
+      std::unique(seen.begin(), seen.end(), [](auto& x, auto& y) { return x.token == y.token; }),
+      seen.end());
+  penalize(1, {0, 0, 1.5f, 0.3f, 0.2f}, seen);
+  penalize(2, {}, {{7, 0, 1000.0f, kernels::kPenaltyHasBias}});
+  penalize(4, {0, 0, 2.0f, 0.0f, 0.0f}, seen);
   ForwardOutput a, g;
   cpu->forward(b, a);
   gpu->forward(b, g);
@@ -307,6 +337,7 @@ TEST_P(CudaBackendTest, ArgmaxPartialLogitsAndDrawsMatchTheCpu) {
   ASSERT_EQ(g.argmax.size(), 8u);
   ASSERT_EQ(g.sampled.size(), 8u);
   EXPECT_EQ(g.argmax, a.argmax);
+  EXPECT_EQ(g.argmax[2], 7);
   int same_draws = 0;
   for (int r = 0; r < 8; ++r) {
     if (b.host_logits[r]) {

@@ -187,9 +187,9 @@ TEST_F(EngineTest, SameSeedSameTokens) {
   EXPECT_NE(a, c);
 }
 
-// A request with no penalties and no logprobs is drawn by the backend's sampling kernel
-// with the request's own random numbers; asking for logprobs moves the draw to the
-// Sampler on the host. Both must give the same tokens for the same seed, greedy or not.
+// A request that wants no logprobs is drawn by the backend's sampling kernel with the
+// request's own random numbers; asking for logprobs moves the draw to the Sampler on the
+// host. Both must give the same tokens for the same seed, greedy or not.
 TEST_F(EngineTest, BackendDrawsEqualHostDrawsForTheSameSeed) {
   auto engine = make_engine(256);
   for (float temperature : {0.0f, 0.7f, 1.3f}) {

@@ -142,6 +142,7 @@ TEST(OpenAIProtocol, LogitBiasAndUnsupportedOptions) {
   EXPECT_EQ(chat_error(chat_with(R"("logit_bias": {"5": 101})")).param, "logit_bias");
   EXPECT_EQ(chat_error(chat_with(R"("logit_bias": {"5": "1"})")).param, "logit_bias");
   EXPECT_EQ(chat_error(chat_with(R"("logit_bias": [1])")).param, "logit_bias");
+  EXPECT_EQ(chat_error(chat_with(R"("logit_bias": {"5": 1, "05": 2})")).param, "logit_bias");
   EXPECT_TRUE(parse_chat_request(chat_with(R"("logit_bias": {})")).params.logit_bias.empty());
 
   parse_chat_request(chat_with(R"("response_format": {"type": "text"}, "best_of": 1)"));
