@@ -239,10 +239,6 @@ void Engine::step() {
   // backend makes with the request's own random number, after the penalties the backend
   // applies from the request's counts: its logits can stay on the device. Only the
   // others are sampled here.
-  batch_.host_logits.clear();
-  batch_.sampling.clear();
-  batch_.penalty_rows.clear();
-  batch_.penalty_tokens.clear();
   bool backend_samples = false;
   bool backend_penalizes = false;
   for (const scheduler::ScheduledSeq& s : batch.seqs) {

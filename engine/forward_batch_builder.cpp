@@ -16,6 +16,11 @@ void build_forward_batch(std::span<const ScheduledChunk> chunks, const paging::K
   out.logit_rows.clear();
   out.copy_src.clear();
   out.copy_dst.clear();
+  // How each row's token is picked is the caller's to fill (Engine::step).
+  out.host_logits.clear();
+  out.sampling.clear();
+  out.penalty_rows.clear();
+  out.penalty_tokens.clear();
   int32_t max_blocks = 0;
   for (const ScheduledChunk& c : chunks) {
     max_blocks = std::max(max_blocks, kv.block_table(c.id).num_blocks());

@@ -22,7 +22,9 @@ struct ScheduledChunk {
 
 // Fills `out` (cleared first): token ids, positions, slots, query offsets, context
 // lengths, block tables and the rows to take logits from, in the order of `chunks`,
-// plus the copy-on-write block copies to perform first.
+// plus the copy-on-write block copies to perform first. The per-row sampling fields
+// (host_logits, sampling, penalties) are left empty: every row's logits reach the host
+// and the backend applies nothing to them.
 void build_forward_batch(std::span<const ScheduledChunk> chunks, const paging::KVCacheManager& kv,
                          std::span<const paging::BlockCopy> copies, ForwardBatch& out);
 
