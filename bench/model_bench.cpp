@@ -10,7 +10,12 @@
 //   pagellm_model_bench [--model DIR] [--batches 1,8,16,32] [--context 128]
 //                       [--steps 32] [--prefill 512 (0: none)] [--json FILE]
 //                       [--backend cpu|cuda] [--shape llama3-8b] [--no-graphs]
+//                       [--sampling greedy|top-p|penalized]
 // Without --model, the `bench` demo model is written under models/bench (once).
+// --sampling: how each decode step picks its tokens, on the backend as the engine has it
+// do: greedy (the argmax), top-p (temperature 0.8, top_p 0.95, a random draw per row) or
+// penalized (top-p after repetition 1.1 and frequency 0.2 penalties over each sequence's
+// tokens, from an engine Sampler per sequence).
 // --backend cuda runs on the GPU (builds with CUDA), measuring the GPU's copy
 // bandwidth; --shape llama3-8b there builds a model of Llama 3 8B's shape with random
 // bf16 weights on the device instead of loading one.
@@ -18,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -29,6 +35,7 @@
 #include "engine/forward_batch_builder.h"
 #include "engine/kv_cache_memory.h"
 #include "engine/llama_model.h"
+#include "engine/sampler.h"
 #include "paging/kv_cache_manager.h"
 
 #if PAGELLM_HAVE_CUDA
@@ -50,7 +57,14 @@ struct Options {
   std::string backend = "cpu";
   std::string shape;  // a random model of a known shape (CUDA)
   bool graphs = true;
+  std::string sampling = "greedy";
 };
+
+constexpr const char* kUsage =
+    "usage: pagellm_model_bench [--model DIR] [--batches 1,8,16,32] [--context 128]\n"
+    "                           [--steps 32] [--prefill 512 (0: none)] [--json FILE]\n"
+    "                           [--backend cpu|cuda] [--shape llama3-8b] [--no-graphs]\n"
+    "                           [--sampling greedy|top-p|penalized]\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -78,8 +92,16 @@ Options parse(int argc, char** argv) {
       o.shape = value();
     } else if (arg == "--no-graphs") {
       o.graphs = false;
+    } else if (arg == "--sampling") {
+      o.sampling = value();
+      if (o.sampling != "greedy" && o.sampling != "top-p" && o.sampling != "penalized") {
+        throw std::runtime_error("--sampling must be greedy, top-p or penalized");
+      }
+    } else if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
     } else {
-      throw std::runtime_error("unknown option " + arg);
+      throw std::runtime_error("unknown option " + arg + " (--help lists them)");
     }
   }
   return o;
@@ -190,7 +212,11 @@ int main(int argc, char** argv) try {
   std::printf("weights read per step: %.1f MB (%s); KV cache %s\n",
               model->weight_bytes_per_step() / 1e6, kernels::dtype_name(config.dtype),
               kernels::dtype_name(kv_dtype));
-  std::printf("copy bandwidth (read + write) at start: %.1f GB/s\n\n", bandwidth);
+  std::printf("copy bandwidth (read + write) at start: %.1f GB/s\n", bandwidth);
+  std::printf("sampling: %s\n\n", opt.sampling == "greedy"  ? "greedy (argmax)"
+                                  : opt.sampling == "top-p" ? "temperature 0.8, top_p 0.95"
+                                                            : "temperature 0.8, top_p 0.95, "
+                                                              "repetition 1.1, frequency 0.2");
 
   engine::ForwardBatch batch;
   engine::ForwardOutput logits;
@@ -201,6 +227,14 @@ int main(int argc, char** argv) try {
     std::vector<paging::SeqId> ids;
     std::vector<std::vector<int32_t>> tokens(b);
     std::vector<engine::ScheduledChunk> chunks;
+    std::vector<engine::Sampler> samplers;
+    scheduler::SamplingParams params;
+    params.temperature = 0.8f;
+    params.top_p = 0.95f;
+    if (opt.sampling == "penalized") {
+      params.repetition_penalty = 1.1f;
+      params.frequency_penalty = 0.2f;
+    }
     for (int s = 0; s < b; ++s) {
       ids.push_back(next_id++);
       for (int i = 0; i < opt.context; ++i)
@@ -210,6 +244,7 @@ int main(int argc, char** argv) try {
       engine::build_forward_batch(chunks, kv, {}, batch);
       model->forward(batch, logits);
       chunks.clear();
+      samplers.emplace_back(params, tokens[s], next_id);
     }
     auto decode_step = [&]() {
       chunks.clear();
@@ -219,8 +254,28 @@ int main(int argc, char** argv) try {
         chunks.push_back({ids[s], tokens[s], static_cast<int32_t>(tokens[s].size()) - 1, 1, true});
       }
       engine::build_forward_batch(chunks, kv, {}, batch);
-      batch.host_logits.assign(batch.logit_rows.size(), 0);  // greedy: the argmax is enough
+      batch.host_logits.assign(batch.logit_rows.size(), 0);  // the backend picks the tokens
+      batch.sampling.clear();
+      batch.penalty_rows.clear();
+      batch.penalty_tokens.clear();
+      if (opt.sampling != "greedy") {
+        // As Engine::step fills them: each row's random draw and penalty list.
+        for (int s = 0; s < b; ++s) {
+          engine::Sampler& sampler = samplers[s];
+          batch.sampling.push_back({params.temperature, params.top_k, params.top_p, params.min_p,
+                                    sampler.next_uniform()});
+          if (opt.sampling != "penalized") continue;
+          batch.penalty_rows.push_back(
+              sampler.penalty_row(static_cast<int32_t>(batch.penalty_tokens.size())));
+          const auto& list = sampler.penalty_tokens();
+          batch.penalty_tokens.insert(batch.penalty_tokens.end(), list.begin(), list.end());
+        }
+      }
       model->forward(batch, logits);
+      if (opt.sampling == "penalized") {
+        for (int s = 0; s < b; ++s)
+          samplers[s].observe(logits.sampled[s]);
+      }
     };
     // Warm-up: on CUDA the first step of a batch size runs eagerly and the second
     // captures its graph.
@@ -284,9 +339,9 @@ int main(int argc, char** argv) try {
     FILE* f = std::fopen(opt.json_path.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + opt.json_path);
     std::fprintf(f,
-                 "{\"copy_bandwidth_gbs\": %.3f, \"prefill_tokens\": %d, "
+                 "{\"copy_bandwidth_gbs\": %.3f, \"sampling\": \"%s\", \"prefill_tokens\": %d, "
                  "\"prefill_tokens_per_s\": %.3f, \"decode\": [",
-                 bandwidth, opt.prefill, prefill_best);
+                 bandwidth, opt.sampling.c_str(), opt.prefill, prefill_best);
     for (size_t i = 0; i < decode.size(); ++i) {
       std::fprintf(f,
                    "%s{\"batch\": %d, \"tokens_per_s\": %.3f, \"bytes_per_step\": %.0f, "
