@@ -205,6 +205,30 @@ void BM_PagedAttentionPrefill(benchmark::State& state) {
       benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// A decode step's draws: `rows` rows of `vocab` logits at temperature 0.8 and top_p 0.95
+// (common chat settings). The logits are normal with standard deviation `sigma`: 1 is
+// as flat as a random-weight model's (top-p keeps most of the vocabulary), 4 is peaked.
+void BM_SampleTopKTopP(benchmark::State& state) {
+  const int64_t rows = state.range(0), vocab = state.range(1);
+  const auto logits = random_floats(rows * vocab, 6, static_cast<float>(state.range(2)));
+  const std::vector<float> temperature(rows, 0.8f), top_p(rows, 0.95f), min_p(rows, 0.0f);
+  const std::vector<int32_t> top_k(rows, 0);
+  std::vector<double> uniform(rows);
+  std::mt19937 rng(7);
+  std::vector<int32_t> out(rows);
+  SamplingScratch scratch;
+  for (auto _ : state) {
+    for (double& u : uniform)
+      u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    const SamplingRows params{temperature.data(), top_k.data(), top_p.data(), min_p.data(),
+                              uniform.data()};
+    sample_top_k_top_p(logits.data(), rows, vocab, params, out.data(), &scratch);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["rows/s"] =
+      benchmark::Counter(static_cast<double>(rows), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all() {
   benchmark::RegisterBenchmark("BM_MemoryCopy", BM_MemoryCopy)
       ->Unit(benchmark::kMillisecond)
@@ -245,6 +269,15 @@ void register_all() {
       ->Arg(512)
       ->Arg(2048)
       ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_SampleTopKTopP", BM_SampleTopKTopP)
+      ->ArgNames({"rows", "vocab", "sigma"})
+      ->Args({1, 32000, 1})
+      ->Args({1, 32000, 4})
+      ->Args({32, 32000, 1})
+      ->Args({32, 32000, 4})
+      ->Args({1, 128256, 4})
+      ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
 }
 

@@ -51,21 +51,37 @@ class CpuBackend final : public Backend {
     kernels::cpu::argmax(out.logits.data(), rows, vocab, out.argmax.data());
     out.sampled.clear();
     if (batch.sampling.empty()) return;
-    out.sampled = out.argmax;
-    for (int64_t r = 0; r < rows; ++r) {
-      const RowSampling& s = batch.sampling[r];
-      if (s.temperature <= 0.0f) continue;
-      const kernels::cpu::SamplingRows params{&s.temperature, &s.top_k, &s.top_p, &s.min_p,
-                                              &s.uniform};
-      kernels::cpu::sample_top_k_top_p(out.logits.data() + r * vocab, 1, vocab, params,
-                                       &out.sampled[r], &scratch_);
+    if (batch.sampling.size() != static_cast<size_t>(rows)) {
+      throw std::logic_error("sampling rows do not match the logit rows");
     }
+    out.sampled = out.argmax;
+    // One call for every row (rows with temperature 0 keep their argmax), so that the
+    // kernel can spread them over the cores.
+    temperature_.clear();
+    top_k_.clear();
+    top_p_.clear();
+    min_p_.clear();
+    uniform_.clear();
+    for (const RowSampling& s : batch.sampling) {
+      temperature_.push_back(s.temperature);
+      top_k_.push_back(s.top_k);
+      top_p_.push_back(s.top_p);
+      min_p_.push_back(s.min_p);
+      uniform_.push_back(s.uniform);
+    }
+    const kernels::cpu::SamplingRows params{temperature_.data(), top_k_.data(), top_p_.data(),
+                                            min_p_.data(), uniform_.data()};
+    kernels::cpu::sample_top_k_top_p(out.logits.data(), rows, vocab, params, out.sampled.data(),
+                                     &scratch_);
   }
 
  private:
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<KVCacheMemory> memory_;
   kernels::cpu::SamplingScratch scratch_;
+  std::vector<float> temperature_, top_p_, min_p_;  // batch.sampling as the kernel reads it
+  std::vector<int32_t> top_k_;
+  std::vector<double> uniform_;
 };
 
 }  // namespace

@@ -202,7 +202,7 @@ void argmax(const float* logits,  // [rows, vocab]
 // Per-row sampling parameters of sample_top_k_top_p (host arrays), as kernels/cuda's
 // SamplingRows; the draw is a double here, as engine/Sampler makes it.
 struct SamplingRows {
-  const float* temperature;  // [rows] > 0
+  const float* temperature;  // [rows]; a row with temperature <= 0 is skipped (out untouched)
   const int32_t* top_k;      // [rows] 0 or >= vocab: no limit
   const float* top_p;        // [rows] in (0, 1]; 1: no limit
   const float* min_p;        // [rows] in [0, 1]; 0: no limit
@@ -223,7 +223,9 @@ struct SamplingScratch {
 // first, whose mass reaches top_p of the kept mass (at least one token); then the first
 // token, most likely first (ties by lower id), where the running sum of kept weights
 // exceeds uniform * (kept mass), or the last kept token if none does. Masses are summed
-// in double. `scratch` may be nullptr (the call then allocates its own).
+// in double. Rows run in parallel, each row's token the same on any thread count.
+// `scratch` serves a call that runs on one thread; it may be nullptr (the call then
+// allocates its own).
 void sample_top_k_top_p(const float* logits,  // [rows, vocab]
                         int64_t rows, int64_t vocab, const SamplingRows& params,
                         int32_t* out,  // [rows]

@@ -1,6 +1,8 @@
 // Penalties and top-k / top-p / min-p sampling of one token per row: the arithmetic of
 // engine/Sampler, and the reference the CUDA kernels are tested against.
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -102,13 +104,27 @@ void apply_penalties(float* logits, int64_t rows, int64_t vocab, const PenaltyRo
 
 void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab,
                         const SamplingRows& params, int32_t* out, SamplingScratch* scratch) {
-  SamplingScratch local;
-  SamplingScratch& s = scratch != nullptr ? *scratch : local;
-  // Rows one after another: one scratch, and a row is a single sequence's token anyway.
-  for (int64_t r = 0; r < rows; ++r) {
+  auto sample = [&](int64_t r, SamplingScratch& s) {
+    if (!(params.temperature[r] > 0.0f)) return;  // not sampled: out[r] stays
     out[r] = sample_row(logits + r * vocab, static_cast<int32_t>(vocab), params.temperature[r],
                         params.top_k[r], params.top_p[r], params.min_p[r], params.uniform[r], s);
+  };
+  if (rows > 1 && omp_get_max_threads() > 1) {
+    // A row's token depends on that row alone: rows go to threads as they come free
+    // (their cost varies with their top-p), each thread with its own scratch.
+#pragma omp parallel
+    {
+      thread_local SamplingScratch local;
+#pragma omp for schedule(dynamic)
+      for (int64_t r = 0; r < rows; ++r)
+        sample(r, local);
+    }
+    return;
   }
+  SamplingScratch local;
+  SamplingScratch& s = scratch != nullptr ? *scratch : local;
+  for (int64_t r = 0; r < rows; ++r)
+    sample(r, s);
 }
 
 }  // namespace pagellm::kernels::cpu

@@ -784,6 +784,27 @@ int32_t sample_by_full_sort(const std::vector<float>& logits, SampleCase c, doub
   return order[count - 1];
 }
 
+// Rows with temperature 0 (greedy rows of a batch) are not sampled: their output stays as
+// the caller left it (the backends put the argmax there), on one thread or several.
+TEST(CpuSample, RowsWithoutATemperatureAreLeftUntouched) {
+  constexpr int64_t kVocab = 50;
+  std::vector<float> logits(4 * kVocab, 0.0f);
+  for (int64_t r = 0; r < 4; ++r)
+    logits[r * kVocab + 10 + r] = 30.0f;  // row r draws 10 + r
+  const std::vector<float> temperature = {1.0f, 0.0f, 1.0f, -1.0f};
+  const std::vector<int32_t> top_k(4, 0);
+  const std::vector<float> top_p(4, 1.0f), min_p(4, 0.0f);
+  const std::vector<double> uniform(4, 0.5);
+  const SamplingRows params{temperature.data(), top_k.data(), top_p.data(), min_p.data(),
+                            uniform.data()};
+  for (int threads : {1, 2}) {
+    ScopedThreads scoped(threads);
+    std::vector<int32_t> out = {-7, -7, -7, -7};
+    sample_top_k_top_p(logits.data(), 4, kVocab, params, out.data());
+    EXPECT_EQ(out, (std::vector<int32_t>{10, -7, 12, -7})) << threads << " threads";
+  }
+}
+
 TEST(CpuSample, MatchesAFullSortOnRandomRowsAndBatchesRowByRow) {
   std::mt19937 rng(2024);
   const std::vector<SampleCase> cases = {
@@ -816,7 +837,16 @@ TEST(CpuSample, MatchesAFullSortOnRandomRowsAndBatchesRowByRow) {
     const SamplingRows params{temperature.data(), top_k.data(), top_p.data(), min_p.data(),
                               uniform.data()};
     SamplingScratch scratch;
-    sample_top_k_top_p(logits.data(), rows, vocab, params, batch.data(), &scratch);
+    {
+      ScopedThreads two(2);  // rows spread over threads
+      sample_top_k_top_p(logits.data(), rows, vocab, params, batch.data(), &scratch);
+    }
+    std::vector<int32_t> one_thread(rows, -1);
+    {
+      ScopedThreads one(1);
+      sample_top_k_top_p(logits.data(), rows, vocab, params, one_thread.data(), &scratch);
+    }
+    EXPECT_EQ(one_thread, batch);
     for (int64_t r = 0; r < rows; ++r) {
       SCOPED_TRACE("vocab " + std::to_string(vocab) + " row " + std::to_string(r));
       const std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
