@@ -212,18 +212,23 @@ struct SamplingRows {
 // Buffers sample_top_k_top_p reuses from call to call, so that a caller sampling token
 // after token (engine/Sampler) allocates once.
 struct SamplingScratch {
-  std::vector<float> weights;  // [vocab]
-  std::vector<int32_t> order;  // [vocab]
+  std::vector<float> weights;       // [vocab]
+  std::vector<int32_t> order;       // [vocab] candidates
+  std::vector<uint64_t> head, tmp;  // [vocab] ranked candidates
+  std::vector<double> bucket_mass;
 };
 
 // Samples one token per row: engine/Sampler's draw after its penalties (Sampler calls
 // this), and the reference of the CUDA kernel. Weights w = exp(logits * (1 / temperature)
-// - max) in float32; min-p keeps w >= min_p (the largest weight is 1); top-k keeps the k
-// most likely (ties by lower token id); top-p keeps the shortest prefix, most likely
-// first, whose mass reaches top_p of the kept mass (at least one token); then the first
-// token, most likely first (ties by lower id), where the running sum of kept weights
-// exceeds uniform * (kept mass), or the last kept token if none does. Masses are summed
-// in double. Rows run in parallel, each row's token the same on any thread count.
+// - max) in float32, with the kernels' exp (within 4e-7 of exact); NaN logits are never
+// drawn (a row of nothing else gives 0). min-p keeps w >= min_p (the largest weight is
+// 1); top-k keeps the k most likely (ties by lower token id); top-p keeps the shortest
+// prefix, most likely first, whose mass reaches top_p of the kept mass (at least one
+// token); then the first token, most likely first (ties by lower id), where the running
+// sum of kept weights exceeds uniform * (kept mass), or the last kept token if none does.
+// Masses are summed in double: running sums most likely first, and the kept mass before
+// top-p (or, with neither top-k nor top-p, before the draw) in token order. Rows run in
+// parallel, each row's token the same on any thread count.
 // `scratch` serves a call that runs on one thread; it may be nullptr (the call then
 // allocates its own).
 void sample_top_k_top_p(const float* logits,  // [rows, vocab]

@@ -5,78 +5,201 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
-#include <numeric>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
 
 namespace pagellm::kernels::cpu {
 namespace {
 
-int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_t top_k,
-                   float top_p, float min_p, double uniform, SamplingScratch& scratch) {
-  std::vector<float>& w = scratch.weights;
-  std::vector<int32_t>& order = scratch.order;
-  w.resize(vocab);
-  // Weights up to a common factor: exp(x / T - max), the largest exactly 1.
-  const float inv_t = 1.0f / temperature;
-  float max_logit = -std::numeric_limits<float>::infinity();
-  for (int32_t i = 0; i < vocab; ++i) {
-    w[i] = logits[i] * inv_t;
-    max_logit = std::max(max_logit, w[i]);
-  }
-  for (int32_t i = 0; i < vocab; ++i)
-    w[i] = std::exp(w[i] - max_logit);
+// The ranking every cut follows: larger weight first, lower token id first on ties, as
+// the ascending order of one 64-bit key per token (weights are non-negative floats, so
+// their bit patterns order like their values).
+uint64_t rank_key(float w, int32_t id) {
+  uint32_t bits;
+  std::memcpy(&bits, &w, sizeof bits);
+  return (static_cast<uint64_t>(~bits) << 32) | static_cast<uint32_t>(id);
+}
+int32_t id_of(uint64_t key) {
+  return static_cast<int32_t>(static_cast<uint32_t>(key));
+}
+float weight_of(uint64_t key) {
+  const uint32_t bits = ~static_cast<uint32_t>(key >> 32);
+  float w;
+  std::memcpy(&w, &bits, sizeof w);
+  return w;
+}
 
-  // Candidates in a deterministic order: most likely first, ties by token id.
-  order.resize(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  auto more_likely = [&](int32_t a, int32_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; };
-  int32_t count = vocab;
-  if (min_p > 0.0f) {
-    // The largest weight is exp(0) = 1, so the threshold is min_p itself.
-    const float threshold = min_p;
-    count = static_cast<int32_t>(
-        std::partition(order.begin(), order.end(), [&](int32_t t) { return w[t] >= threshold; }) -
-        order.begin());
+// Buckets of weight by their top 11 bits (a quarter of a binade each), in rank order.
+constexpr int kBucketBits = 11;
+constexpr int kBuckets = 1 << kBucketBits;
+int bucket_of(uint64_t key) {
+  return static_cast<int>(key >> (64 - kBucketBits));
+}
+
+// Sorts keys ascending: std::sort for a few, else a radix sort over the weight half (the
+// id half is already ascending, since keys are made in id order, and each pass is stable).
+void sort_keys(std::vector<uint64_t>& keys, std::vector<uint64_t>& tmp) {
+  if (keys.size() <= 256) {
+    std::sort(keys.begin(), keys.end());
+    return;
   }
-  if (top_k > 0 && top_k < count) {
-    std::nth_element(order.begin(), order.begin() + top_k, order.begin() + count, more_likely);
-    count = top_k;
+  tmp.resize(keys.size());
+  for (int shift = 32; shift < 64; shift += kBucketBits) {
+    size_t count[kBuckets + 1] = {};
+    for (uint64_t k : keys)
+      ++count[((k >> shift) & (kBuckets - 1)) + 1];
+    if (count[((keys[0] >> shift) & (kBuckets - 1)) + 1] == keys.size()) continue;  // one digit
+    for (int d = 0; d < kBuckets; ++d)
+      count[d + 1] += count[d];
+    for (uint64_t k : keys)
+      tmp[count[(k >> shift) & (kBuckets - 1)]++] = k;
+    keys.swap(tmp);
   }
-  if (top_p < 1.0f) {
-    // Sort a growing head of the candidates until it holds top_p of the mass.
-    double total = 0.0;
-    for (int32_t i = 0; i < count; ++i)
-      total += w[order[i]];
-    const double target = top_p * total;
-    int32_t sorted = 0;
-    for (int32_t head = std::min(count, 64);; head = std::min(count, head * 4)) {
-      std::partial_sort(order.begin() + sorted, order.begin() + head, order.begin() + count,
-                        more_likely);
-      sorted = head;
-      double mass = 0.0;
-      int32_t keep = 0;
-      while (keep < sorted && mass < target)
-        mass += w[order[keep++]];
-      if (mass >= target || sorted == count) {
-        count = std::max(keep, 1);
+}
+
+// The ranked head of the candidates `ids` (ascending) whose mass reaches `mass`, or a
+// little more: all candidates in the buckets of weight down to the one where the
+// bucket masses reach it, and one more bucket, ranked into `head`. `head` is always a
+// prefix of the whole ranking; with mass = infinity it is the whole ranking.
+void rank_head(const std::vector<int32_t>& ids, const float* w, double mass, SamplingScratch& s) {
+  int last = kBuckets - 1;
+  if (std::isfinite(mass)) {
+    s.bucket_mass.assign(kBuckets, 0.0);
+    for (int32_t id : ids)
+      s.bucket_mass[bucket_of(rank_key(w[id], id))] += w[id];
+    double reached = 0.0;
+    for (int b = 0; b < kBuckets; ++b) {
+      reached += s.bucket_mass[b];
+      if (reached >= mass) {
+        // One bucket more: the ranked sum may round below these bucket sums.
+        last = b + 1;
+        while (last < kBuckets - 1 && s.bucket_mass[last] == 0.0)
+          ++last;
         break;
       }
     }
-  } else {
-    std::sort(order.begin(), order.begin() + count, more_likely);
   }
+  s.head.clear();
+  for (int32_t id : ids) {
+    const uint64_t k = rank_key(w[id], id);
+    if (bucket_of(k) <= last) s.head.push_back(k);
+  }
+  sort_keys(s.head, s.tmp);
+}
+
+// Weights up to a common factor: w = exp(x * inv_t - max), the largest exactly 1, with
+// the kernels' exp (both forms give the same bits); NaN where x * inv_t - max is NaN
+// (NaN logits, or every logit -inf), which the kernels' exp would not keep.
+void weights(const float* logits, int32_t vocab, float inv_t, float* w) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (int32_t i = 0; i < vocab; ++i) {
+    w[i] = logits[i] * inv_t;
+    max_logit = std::max(max_logit, w[i]);  // skips NaN
+  }
+  int32_t i = 0;
+#if defined(PAGELLM_KERNELS_AVX512)
+  if (detail::use_simd()) {
+    const __m512 mx = _mm512_set1_ps(max_logit);
+    for (; i + detail::kLanes <= vocab; i += detail::kLanes) {
+      const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(w + i), mx);
+      const __mmask16 nan = _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+      _mm512_storeu_ps(w + i, _mm512_mask_mov_ps(detail::exp16(d), nan, _mm512_set1_ps(kNaN)));
+    }
+  }
+#endif
+  for (; i < vocab; ++i) {
+    const float d = w[i] - max_logit;
+    w[i] = std::isnan(d) ? kNaN : detail::exp_scalar(d);
+  }
+}
+
+int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_t top_k,
+                   float top_p, float min_p, double uniform, SamplingScratch& s) {
+  std::vector<float>& w = s.weights;
+  w.resize(vocab);
+  weights(logits, vocab, 1.0f / temperature, w.data());
+
+  // Candidates in token order: min-p keeps w >= min_p (the largest weight is exp(0) = 1,
+  // so the threshold is min_p itself); NaN is never a candidate.
+  std::vector<int32_t>& ids = s.order;
+  ids.clear();
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (w[i] >= min_p && !std::isnan(w[i])) ids.push_back(i);
+  }
+  if (ids.empty()) return 0;
+
+  // `ranked`: when set, the kept tokens in rank order (s.head, first `count`).
+  bool ranked = false;
+  int64_t count = static_cast<int64_t>(ids.size());
+  if (top_k > 0 && top_k < count) {
+    s.head.clear();
+    for (int32_t id : ids)
+      s.head.push_back(rank_key(w[id], id));
+    std::nth_element(s.head.begin(), s.head.begin() + top_k, s.head.end());
+    s.head.resize(top_k);
+    std::sort(s.head.begin(), s.head.end());
+    count = top_k;
+    ranked = true;
+    if (top_p < 1.0f) {
+      ids.clear();  // the kept tokens in token order, for their mass
+      for (uint64_t k : s.head)
+        ids.push_back(id_of(k));
+      std::sort(ids.begin(), ids.end());
+    }
+  }
+  if (top_p < 1.0f) {
+    // The shortest ranked prefix whose mass reaches top_p of the kept mass.
+    double total = 0.0;
+    for (int32_t id : ids)
+      total += w[id];
+    const double target = top_p * total;
+    for (int attempt = 0;; ++attempt) {
+      if (!ranked) rank_head(ids, w.data(), attempt == 0 ? target : INFINITY, s);
+      double mass = 0.0;
+      int64_t keep = 0;
+      const int64_t n = ranked ? count : static_cast<int64_t>(s.head.size());
+      while (keep < n && mass < target)
+        mass += weight_of(s.head[keep++]);
+      if (mass >= target || ranked || n == static_cast<int64_t>(ids.size())) {
+        count = std::max<int64_t>(keep, 1);
+        ranked = true;
+        break;
+      }
+    }
+  }
+  if (ranked) {
+    // The draw over the ranked kept tokens: the first where the running mass exceeds
+    // uniform * (their mass), or the last if rounding leaves none.
+    double total = 0.0;
+    for (int64_t i = 0; i < count; ++i)
+      total += weight_of(s.head[i]);
+    const double u = uniform * total;
+    double cumulative = 0.0;
+    for (int64_t i = 0; i < count; ++i) {
+      cumulative += weight_of(s.head[i]);
+      if (u < cumulative) return id_of(s.head[i]);
+    }
+    return id_of(s.head[count - 1]);
+  }
+  // Every candidate is kept: their mass in token order, then the draw along the ranking,
+  // which needs to be ranked only as far as the draw goes.
   double total = 0.0;
-  for (int32_t i = 0; i < count; ++i)
-    total += w[order[i]];
+  for (int32_t id : ids)
+    total += w[id];
   const double u = uniform * total;
-  double cumulative = 0.0;
-  for (int32_t i = 0; i < count; ++i) {
-    cumulative += w[order[i]];
-    if (u < cumulative) return order[i];
+  for (int attempt = 0;; ++attempt) {
+    rank_head(ids, w.data(), attempt == 0 ? u : INFINITY, s);
+    double cumulative = 0.0;
+    for (uint64_t k : s.head) {
+      cumulative += weight_of(k);
+      if (u < cumulative) return id_of(k);
+    }
+    if (s.head.size() == ids.size()) return id_of(s.head.back());
   }
-  return order[count - 1];
 }
 
 }  // namespace
