@@ -34,8 +34,9 @@ class SteadyLoad {
   // The model's part of a step, faked: one token per sequence, then update().
   void finish_step(const ScheduledBatch& batch) {
     sampled_.assign(batch.seqs.size(), 7);
-    for (auto& done : scheduler_.update(batch, sampled_, 0))
-      add();
+    const auto finished = scheduler_.update(batch, sampled_, 0);
+    for (size_t i = 0; i < finished.size(); ++i)
+      add();  // one new request for each that finished
   }
 
  private:

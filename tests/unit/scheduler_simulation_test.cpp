@@ -184,7 +184,9 @@ void simulate(const SimConfig& c) {
       static_cast<long long>(step), static_cast<long long>(finished), aborted.size(),
       static_cast<long long>(rejected), static_cast<long long>(s.stats().num_preemptions),
       100 * end.prefix_hit_rate(), static_cast<long long>(max_wait_steps));
-  if (c.num_blocks <= 128) EXPECT_GT(s.stats().num_preemptions, 0) << "tight pools must preempt";
+  if (c.num_blocks <= 128) {
+    EXPECT_GT(s.stats().num_preemptions, 0) << "tight pools must preempt";
+  }
 }
 
 class SchedulerSimulation : public ::testing::TestWithParam<SimConfig> {};
