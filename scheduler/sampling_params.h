@@ -40,7 +40,8 @@ struct SamplingParams {
   bool ignore_eos = false;
   int32_t n = 1;  // completions per prompt
 
-  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+  // Below 1e-5 (as vLLM has it) the temperature would only scale logits toward overflow.
+  bool greedy() const { return temperature < 1e-5f || top_k == 1; }
 };
 
 }  // namespace pagellm::scheduler

@@ -220,7 +220,8 @@ struct SamplingScratch {
 
 // Samples one token per row: engine/Sampler's draw after its penalties (Sampler calls
 // this), and the reference of the CUDA kernel. Weights w = exp(logits * (1 / temperature)
-// - max) in float32, with the kernels' exp (within 4e-7 of exact); NaN logits are never
+// - max) in float32, with the kernels' exp (within 4e-7 of exact; 0 below e^-87), and 1
+// for the largest logit even where it is infinite; weights of 0 and NaN logits are never
 // drawn (a row of nothing else gives 0). min-p keeps w >= min_p (the largest weight is
 // 1); top-k keeps the k most likely (ties by lower token id); top-p keeps the shortest
 // prefix, most likely first, whose mass reaches top_p of the kept mass (at least one

@@ -74,10 +74,11 @@ void rank_head(const std::vector<int32_t>& ids, const float* w, double mass, Sam
     for (int b = 0; b < kBuckets; ++b) {
       reached += s.bucket_mass[b];
       if (reached >= mass) {
-        // One bucket more: the ranked sum may round below these bucket sums.
+        // One bucket more, if any: the ranked sum may round below these bucket sums.
         last = b + 1;
-        while (last < kBuckets - 1 && s.bucket_mass[last] == 0.0)
+        while (last < kBuckets && s.bucket_mass[last] == 0.0)
           ++last;
+        if (last == kBuckets) last = b;
         break;
       }
     }
@@ -90,9 +91,10 @@ void rank_head(const std::vector<int32_t>& ids, const float* w, double mass, Sam
   sort_keys(s.head, s.tmp);
 }
 
-// Weights up to a common factor: w = exp(x * inv_t - max), the largest exactly 1, with
-// the kernels' exp (both forms give the same bits); NaN where x * inv_t - max is NaN
-// (NaN logits, or every logit -inf), which the kernels' exp would not keep.
+// Weights up to a common factor: w = exp(x * inv_t - max) with the kernels' exp (both
+// forms give the same bits), and exactly 1 where x * inv_t is the maximum, as on the
+// device: so also for an infinite maximum, or a row of -inf. NaN logits give NaN, which
+// the kernels' exp would not keep.
 void weights(const float* logits, int32_t vocab, float inv_t, float* w) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   float max_logit = -std::numeric_limits<float>::infinity();
@@ -105,15 +107,18 @@ void weights(const float* logits, int32_t vocab, float inv_t, float* w) {
   if (detail::use_simd()) {
     const __m512 mx = _mm512_set1_ps(max_logit);
     for (; i + detail::kLanes <= vocab; i += detail::kLanes) {
-      const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(w + i), mx);
-      const __mmask16 nan = _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
-      _mm512_storeu_ps(w + i, _mm512_mask_mov_ps(detail::exp16(d), nan, _mm512_set1_ps(kNaN)));
+      const __m512 x = _mm512_loadu_ps(w + i);
+      const __m512 d = _mm512_sub_ps(x, mx);
+      const __mmask16 top = _mm512_cmp_ps_mask(x, mx, _CMP_EQ_OQ);
+      const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+      __m512 e = _mm512_mask_mov_ps(detail::exp16(d), top, _mm512_set1_ps(1.0f));
+      _mm512_storeu_ps(w + i, _mm512_mask_mov_ps(e, nan, _mm512_set1_ps(kNaN)));
     }
   }
 #endif
   for (; i < vocab; ++i) {
-    const float d = w[i] - max_logit;
-    w[i] = std::isnan(d) ? kNaN : detail::exp_scalar(d);
+    const float x = w[i];
+    w[i] = std::isnan(x) ? kNaN : x == max_logit ? 1.0f : detail::exp_scalar(x - max_logit);
   }
 }
 
@@ -123,12 +128,14 @@ int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_
   w.resize(vocab);
   weights(logits, vocab, 1.0f / temperature, w.data());
 
-  // Candidates in token order: min-p keeps w >= min_p (the largest weight is exp(0) = 1,
-  // so the threshold is min_p itself); NaN is never a candidate.
+  // Candidates in token order: min-p keeps w >= min_p (the largest weight is 1, so the
+  // threshold is min_p itself, at most 1). Weights of 0 (exp underflows below e^-87) carry
+  // no mass and are never drawn; nor is NaN.
+  const float threshold = min_p > 0.0f ? std::min(min_p, 1.0f) : 0.0f;
   std::vector<int32_t>& ids = s.order;
   ids.clear();
   for (int32_t i = 0; i < vocab; ++i) {
-    if (w[i] >= min_p && !std::isnan(w[i])) ids.push_back(i);
+    if (w[i] > 0.0f && w[i] >= threshold) ids.push_back(i);  // false for NaN
   }
   if (ids.empty()) return 0;
 
@@ -232,10 +239,12 @@ void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab,
     out[r] = sample_row(logits + r * vocab, static_cast<int32_t>(vocab), params.temperature[r],
                         params.top_k[r], params.top_p[r], params.min_p[r], params.uniform[r], s);
   };
-  if (rows > 1 && omp_get_max_threads() > 1) {
+  const int threads = static_cast<int>(std::min<int64_t>(rows, omp_get_max_threads()));
+  if (threads > 1) {
     // A row's token depends on that row alone: rows go to threads as they come free
-    // (their cost varies with their top-p), each thread with its own scratch.
-#pragma omp parallel
+    // (their cost varies with their top-p), each thread with its own scratch, kept for
+    // the thread's life (a few bytes times the vocabulary).
+#pragma omp parallel num_threads(threads)
     {
       thread_local SamplingScratch local;
 #pragma omp for schedule(dynamic)

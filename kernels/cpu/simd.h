@@ -71,6 +71,8 @@ inline float exp_scalar(float x) {
   const bool underflow = x < kExpMin;
   const bool overflow = x > kExpMax;
   x = x < kExpMax ? x : kExpMax;  // NaN becomes kExpMax, as vminps does
+  // Far below the range (to -inf) the result is 0 anyway; the clamp keeps n within int.
+  x = x > kExpMin - 1.0f ? x : kExpMin - 1.0f;
   const float n = std::nearbyint(x * kLog2e);
   float r = std::fma(n, -kLn2Hi, x);
   r = std::fma(n, -kLn2Lo, r);
@@ -102,6 +104,7 @@ inline __m512 exp16(__m512 x) {
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_LT_OQ);
   const __mmask16 overflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMax), _CMP_GT_OQ);
   x = _mm512_min_ps(x, _mm512_set1_ps(kExpMax));
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin - 1.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);

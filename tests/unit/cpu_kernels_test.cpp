@@ -831,6 +831,66 @@ TEST(CpuSample, NaNLogitsAreNeverDrawnOnEitherPath) {
   EXPECT_EQ(sample_one(std::vector<float>(9, nan), {}, 0.5), 0);
 }
 
+// A draw at the very top of [0, 1) lands on a token with weight, never on one whose
+// weight underflowed to 0 (its mass is nothing, whatever rounding leaves of the sums).
+// First a row built so that the sums disagree: 1000 weights of about 2^-60 before one of
+// 1 add up to more in token order (1 + 2^-50) than most likely first (each rounds away
+// against the 1), so no running sum reaches the draw; then random rows.
+TEST(CpuSample, DrawNearOneNeverPicksAZeroWeight) {
+  std::vector<float> built(1006, -41.6f);  // e^-41.6 is about 2^-60
+  built[1000] = 0.0f;
+  for (int i = 1001; i < 1006; ++i)
+    built[i] = -1000.0f;  // weight 0
+  const int32_t last = sample_one(built, {}, std::nextafter(1.0, 0.0));
+  EXPECT_TRUE(last >= 0 && last <= 1000) << last;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 10.0f);
+  const double top = std::nextafter(1.0, 0.0);
+  for (int row = 0; row < 20; ++row) {
+    std::vector<float> logits(8000);
+    for (float& x : logits)
+      x = normal(rng);
+    const float max = *std::max_element(logits.begin(), logits.end());
+    for (const SampleCase& c : {SampleCase{1.0f, 0, 1.0f, 0.0f}, SampleCase{1.0f, 0, 0.999f, 0.0f},
+                                SampleCase{1.0f, 7000, 1.0f, 0.0f}}) {
+      const int32_t t = sample_one(logits, c, top);
+      ASSERT_TRUE(t >= 0 && t < 8000);
+      EXPECT_GT(logits[t] - max, -87.0f) << "row " << row << ": token " << t;
+    }
+  }
+}
+
+// Equal weights are ranked by token id, past the sort's small-list cut (all weights
+// equal, so every radix pass finds one digit; two interleaved levels of 600 tokens).
+TEST(CpuSample, EqualWeightsAreRankedByTokenId) {
+  const std::vector<float> flat(1000, 0.0f);
+  for (int j = 0; j < 1000; j += 37)
+    EXPECT_EQ(sample_one(flat, {}, (j + 0.5) / 1000), j);
+  std::vector<float> levels(1200);
+  for (int i = 0; i < 1200; ++i)
+    levels[i] = i % 2 == 0 ? 0.5f : 0.0f;
+  // Weights 1 (even ids) and e^-0.5 (odd ids): the ranking is 0, 2, ..., 1198, 1, 3, ...
+  std::vector<int32_t> drawn;
+  for (int j = 0; j < 4000; ++j)
+    drawn.push_back(sample_one(levels, {}, (j + 0.5) / 4000));
+  auto rank = [](int32_t t) { return t % 2 == 0 ? t / 2 : 600 + t / 2; };
+  for (size_t j = 1; j < drawn.size(); ++j)
+    ASSERT_LE(rank(drawn[j - 1]), rank(drawn[j])) << drawn[j - 1] << " then " << drawn[j];
+  EXPECT_EQ(drawn.front(), 0);
+  EXPECT_EQ(drawn.back(), 1199);
+}
+
+// An infinite logit gets weight 1 and the rest 0, as on the device; a row of -inf is
+// uniform.
+TEST(CpuSample, InfiniteLogitsAreWeightedAsOnTheDevice) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int s = 0; s < 50; ++s) {
+    const double u = (s + 0.5) / 50;
+    EXPECT_EQ(sample_one({1.0f, inf, 3.0f, -inf}, {}, u), 1);
+    EXPECT_EQ(sample_one({-inf, -inf, -inf, -inf}, {}, u), static_cast<int32_t>(u * 4));
+  }
+}
+
 TEST(CpuSample, MatchesAFullSortOnRandomRowsAndBatchesRowByRow) {
   std::mt19937 rng(2024);
   const std::vector<SampleCase> cases = {

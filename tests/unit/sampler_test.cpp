@@ -29,6 +29,18 @@ TEST(Sampler, GreedyTakesTheFirstLargestLogit) {
   EXPECT_EQ(k1.sample(logits).token, 1);
 }
 
+// A temperature too small to sample with (1/T would overflow the scaled logits) is greedy.
+TEST(Sampler, ATinyTemperatureIsGreedy) {
+  SamplingParams p;
+  p.temperature = 1e-40f;
+  EXPECT_TRUE(p.greedy());
+  Sampler s(p, {}, 1);
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(s.sample(std::vector<float>{0.5f, 2.0f, 1.9f}).token, 1);
+  p.temperature = 1e-5f;
+  EXPECT_FALSE(p.greedy());
+}
+
 TEST(Sampler, SameSeedSameTokensDifferentSeedDifferentTokens) {
   SamplingParams p;
   p.temperature = 1.0f;
