@@ -38,6 +38,11 @@ constexpr int kBuckets = 1 << kBucketBits;
 int bucket_of(uint64_t key) {
   return static_cast<int>(key >> (64 - kBucketBits));
 }
+int bucket_of_weight(float w) {
+  uint32_t bits;
+  std::memcpy(&bits, &w, sizeof bits);
+  return static_cast<int>(~bits >> (32 - kBucketBits));
+}
 
 // Sorts keys ascending: std::sort for a few, else a radix sort over the weight half (the
 // id half is already ascending, since keys are made in id order, and each pass is stable).
@@ -60,16 +65,39 @@ void sort_keys(std::vector<uint64_t>& keys, std::vector<uint64_t>& tmp) {
   }
 }
 
+// The candidates (w > 0 and w >= threshold; never NaN) in token order into s.order, and
+// their mass, summed in token order; with kWithBuckets, also the mass of each bucket of
+// weight into s.bucket_mass. One pass over the row.
+template <bool kWithBuckets>
+double gather_candidates(const float* w, int32_t vocab, float threshold, SamplingScratch& s) {
+  std::vector<int32_t>& ids = s.order;
+  ids.resize(vocab);
+  double* bucket_mass = nullptr;
+  if constexpr (kWithBuckets) {
+    s.bucket_mass.assign(kBuckets, 0.0);
+    bucket_mass = s.bucket_mass.data();
+  }
+  int32_t n = 0;
+  double total = 0.0;
+  for (int32_t i = 0; i < vocab; ++i) {
+    const float x = w[i];
+    if (!(x > 0.0f && x >= threshold)) continue;
+    ids[n++] = i;
+    total += x;
+    if constexpr (kWithBuckets) bucket_mass[bucket_of_weight(x)] += x;
+  }
+  ids.resize(n);
+  return total;
+}
+
 // The ranked head of the candidates `ids` (ascending) whose mass reaches `mass`, or a
 // little more: all candidates in the buckets of weight down to the one where the
-// bucket masses reach it, and one more bucket, ranked into `head`. `head` is always a
-// prefix of the whole ranking; with mass = infinity it is the whole ranking.
+// bucket masses (s.bucket_mass, of these candidates) reach it, and one more bucket,
+// ranked into `head`. `head` is always a prefix of the whole ranking; with mass =
+// infinity it is the whole ranking.
 void rank_head(const std::vector<int32_t>& ids, const float* w, double mass, SamplingScratch& s) {
   int last = kBuckets - 1;
   if (std::isfinite(mass)) {
-    s.bucket_mass.assign(kBuckets, 0.0);
-    for (int32_t id : ids)
-      s.bucket_mass[bucket_of(rank_key(w[id], id))] += w[id];
     double reached = 0.0;
     for (int b = 0; b < kBuckets; ++b) {
       reached += s.bucket_mass[b];
@@ -130,18 +158,23 @@ int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_
 
   // Candidates in token order: min-p keeps w >= min_p (the largest weight is 1, so the
   // threshold is min_p itself, at most 1). Weights of 0 (exp underflows below e^-87) carry
-  // no mass and are never drawn; nor is NaN.
+  // no mass and are never drawn; nor is NaN. The bucket masses serve the cuts made
+  // without ranking every candidate, which top-k does not need.
   const float threshold = min_p > 0.0f ? std::min(min_p, 1.0f) : 0.0f;
+  const bool may_cut_k = top_k > 0 && top_k < vocab;
+  const double candidate_mass = may_cut_k ? gather_candidates<false>(w.data(), vocab, threshold, s)
+                                          : gather_candidates<true>(w.data(), vocab, threshold, s);
   std::vector<int32_t>& ids = s.order;
-  ids.clear();
-  for (int32_t i = 0; i < vocab; ++i) {
-    if (w[i] > 0.0f && w[i] >= threshold) ids.push_back(i);  // false for NaN
-  }
   if (ids.empty()) return 0;
 
   // `ranked`: when set, the kept tokens in rank order (s.head, first `count`).
   bool ranked = false;
   int64_t count = static_cast<int64_t>(ids.size());
+  if (may_cut_k && top_k >= count) {
+    s.bucket_mass.assign(kBuckets, 0.0);  // top-k keeps them all: ranked as without it
+    for (int32_t id : ids)
+      s.bucket_mass[bucket_of_weight(w[id])] += w[id];
+  }
   if (top_k > 0 && top_k < count) {
     s.head.clear();
     for (int32_t id : ids)
@@ -160,9 +193,12 @@ int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_
   }
   if (top_p < 1.0f) {
     // The shortest ranked prefix whose mass reaches top_p of the kept mass.
-    double total = 0.0;
-    for (int32_t id : ids)
-      total += w[id];
+    double total = candidate_mass;
+    if (ranked) {  // the top k, in token order
+      total = 0.0;
+      for (int32_t id : ids)
+        total += w[id];
+    }
     const double target = top_p * total;
     for (int attempt = 0;; ++attempt) {
       if (!ranked) rank_head(ids, w.data(), attempt == 0 ? target : INFINITY, s);
@@ -194,10 +230,7 @@ int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_
   }
   // Every candidate is kept: their mass in token order, then the draw along the ranking,
   // which needs to be ranked only as far as the draw goes.
-  double total = 0.0;
-  for (int32_t id : ids)
-    total += w[id];
-  const double u = uniform * total;
+  const double u = uniform * candidate_mass;
   for (int attempt = 0;; ++attempt) {
     rank_head(ids, w.data(), attempt == 0 ? u : INFINITY, s);
     double cumulative = 0.0;
