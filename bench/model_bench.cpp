@@ -14,8 +14,9 @@
 // Without --model, the `bench` demo model is written under models/bench (once).
 // --sampling: how each decode step picks its tokens, on the backend as the engine has it
 // do: greedy (the argmax), top-p (temperature 0.8, top_p 0.95, a random draw per row) or
-// penalized (top-p after repetition 1.1 and frequency 0.2 penalties over each sequence's
-// tokens, from an engine Sampler per sequence).
+// penalized (top-p after repetition 1.1 and frequency 0.2 penalties, from an engine
+// Sampler per sequence that has seen its prompt and the tokens drawn; the sequences are
+// fed random tokens, so the lists grow as they would).
 // --backend cuda runs on the GPU (builds with CUDA), measuring the GPU's copy
 // bandwidth; --shape llama3-8b there builds a model of Llama 3 8B's shape with random
 // bf16 weights on the device instead of loading one.
@@ -219,7 +220,7 @@ int main(int argc, char** argv) try {
                                                               "repetition 1.1, frequency 0.2");
 
   engine::ForwardBatch batch;
-  engine::ForwardOutput logits;
+  engine::ForwardOutput out;
   std::vector<DecodeResult> decode;
   paging::SeqId next_id = 0;
   for (int b : opt.batches) {
@@ -242,7 +243,7 @@ int main(int argc, char** argv) try {
       kv.add_sequence(ids[s], paging::PrefixMatch{}, opt.context);
       chunks.push_back({ids[s], tokens[s], 0, opt.context, true});
       engine::build_forward_batch(chunks, kv, {}, batch);
-      model->forward(batch, logits);
+      model->forward(batch, out);
       chunks.clear();
       samplers.emplace_back(params, tokens[s], next_id);
     }
@@ -255,26 +256,15 @@ int main(int argc, char** argv) try {
       }
       engine::build_forward_batch(chunks, kv, {}, batch);
       batch.host_logits.assign(batch.logit_rows.size(), 0);  // the backend picks the tokens
-      batch.sampling.clear();
-      batch.penalty_rows.clear();
-      batch.penalty_tokens.clear();
       if (opt.sampling != "greedy") {
-        // As Engine::step fills them: each row's random draw and penalty list.
-        for (int s = 0; s < b; ++s) {
-          engine::Sampler& sampler = samplers[s];
-          batch.sampling.push_back({params.temperature, params.top_k, params.top_p, params.min_p,
-                                    sampler.next_uniform()});
-          if (opt.sampling != "penalized") continue;
-          batch.penalty_rows.push_back(
-              sampler.penalty_row(static_cast<int32_t>(batch.penalty_tokens.size())));
-          const auto& list = sampler.penalty_tokens();
-          batch.penalty_tokens.insert(batch.penalty_tokens.end(), list.begin(), list.end());
-        }
+        for (engine::Sampler& sampler : samplers)
+          sampler.append_backend_row(batch);                      // as Engine::step fills the rows
+        if (opt.sampling == "top-p") batch.penalty_rows.clear();  // none, as the engine sends
       }
-      model->forward(batch, logits);
+      model->forward(batch, out);
       if (opt.sampling == "penalized") {
         for (int s = 0; s < b; ++s)
-          samplers[s].observe(logits.sampled[s]);
+          samplers[s].observe(out.sampled[s]);
       }
     };
     // Warm-up: on CUDA the first step of a batch size runs eagerly and the second
@@ -320,7 +310,7 @@ int main(int argc, char** argv) try {
     const engine::ScheduledChunk chunk{id, prompt, 0, opt.prefill, true};
     engine::build_forward_batch({&chunk, 1}, kv, {}, batch);
     const auto start = std::chrono::steady_clock::now();
-    model->forward(batch, logits);
+    model->forward(batch, out);
     prefill_best = std::max(prefill_best, opt.prefill / seconds_since(start));
     kv.free_sequence(id);
   }

@@ -245,23 +245,17 @@ void Engine::step() {
     if (!s.wants_logits) continue;
     const scheduler::SamplingParams& p = s.seq->params;
     Sampler& sampler = requests_.at(static_cast<uint64_t>(s.seq->id))->sampler;
-    const bool on_backend = !wants_logprobs(p);
-    RowSampling row;
-    if (on_backend && !p.greedy()) {
-      row = {p.temperature, p.top_k, p.top_p, p.min_p, sampler.next_uniform()};
-      backend_samples = true;
+    if (wants_logprobs(p)) {
+      const auto end = static_cast<int32_t>(batch_.penalty_tokens.size());
+      batch_.host_logits.push_back(1);
+      batch_.sampling.emplace_back();
+      batch_.penalty_rows.push_back({end, end});
+      continue;
     }
-    const auto begin = static_cast<int32_t>(batch_.penalty_tokens.size());
-    kernels::PenaltyRow penalties{begin, begin};
-    if (on_backend && sampler.has_penalties()) {
-      penalties = sampler.penalty_row(begin);
-      const auto& tokens = sampler.penalty_tokens();
-      batch_.penalty_tokens.insert(batch_.penalty_tokens.end(), tokens.begin(), tokens.end());
-      backend_penalizes = true;
-    }
-    batch_.host_logits.push_back(on_backend ? 0 : 1);
-    batch_.sampling.push_back(row);
-    batch_.penalty_rows.push_back(penalties);
+    batch_.host_logits.push_back(0);
+    sampler.append_backend_row(batch_);
+    backend_samples |= !p.greedy();
+    backend_penalizes |= sampler.has_penalties();
   }
   if (!backend_samples) batch_.sampling.clear();
   if (!backend_penalizes) batch_.penalty_rows.clear();

@@ -50,6 +50,22 @@ kernels::PenaltyRow Sampler::penalty_row(int32_t begin) const {
           params_.presence_penalty, params_.frequency_penalty};
 }
 
+void Sampler::append_backend_row(ForwardBatch& batch) {
+  RowSampling row;
+  if (!params_.greedy()) {
+    row = {params_.temperature, params_.top_k, params_.top_p, params_.min_p, next_uniform()};
+  }
+  batch.sampling.push_back(row);
+  const auto begin = static_cast<int32_t>(batch.penalty_tokens.size());
+  if (!has_penalties_) {
+    batch.penalty_rows.push_back({begin, begin});
+    return;
+  }
+  batch.penalty_rows.push_back(penalty_row(begin));
+  batch.penalty_tokens.insert(batch.penalty_tokens.end(), penalty_tokens_.begin(),
+                              penalty_tokens_.end());
+}
+
 void Sampler::observe(int32_t token) {
   if (counts_output_) ++penalty_token(token).output_count;
 }

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/forward_batch.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/penalties.h"
 #include "scheduler/sampling_params.h"
@@ -57,6 +58,12 @@ class Sampler {
   const std::vector<kernels::PenaltyToken>& penalty_tokens() const { return penalty_tokens_; }
   // This request's row for a list whose penalty_tokens() start at `begin`.
   kernels::PenaltyRow penalty_row(int32_t begin) const;
+
+  // Appends the request's next logit row to a batch whose backend picks the token: the
+  // draw to batch.sampling (its random number taken now; temperature 0 when greedy) and
+  // the penalty list to batch.penalty_rows and penalty_tokens (an empty range without
+  // penalties). Then observe() the token the backend chose.
+  void append_backend_row(ForwardBatch& batch);
 
  private:
   kernels::PenaltyToken& penalty_token(int32_t token);

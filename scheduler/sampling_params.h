@@ -11,8 +11,8 @@
 namespace pagellm::scheduler {
 
 struct SamplingParams {
-  // Choosing: temperature 0 is greedy; then top-k (0 = off), top-p (1 = off) and min-p
-  // (0 = off) narrow the candidates before the draw.
+  // Choosing: a temperature below 1e-5, or top-k 1, is greedy; then top-k (0 = off),
+  // top-p (1 = off) and min-p (0 = off) narrow the candidates before the draw.
   float temperature = 1.0f;
   int32_t top_k = 0;
   float top_p = 1.0f;

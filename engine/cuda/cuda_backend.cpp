@@ -592,10 +592,7 @@ void CudaBackend::upload_inputs(const ForwardBatch& batch, const Step& step, int
 // perhaps) took every row's argmax: the argmax is taken again. Rows whose logits the host
 // receives have none, so those logits stay the model's own.
 void CudaBackend::apply_penalties(const ForwardBatch& batch) {
-  const auto R = static_cast<int32_t>(batch.logit_rows.size());
-  if (batch.penalty_rows.size() != static_cast<size_t>(R)) {
-    throw std::logic_error("CUDA backend: penalty rows do not match the logit rows");
-  }
+  const auto R = static_cast<int32_t>(batch.logit_rows.size());  // penalty rows: checked
   const size_t bytes = batch.penalty_tokens.size() * sizeof(kernels::PenaltyToken);
   if (bytes > penalty_tokens_.bytes()) {
     // The previous step's copies ended with its synchronization; nothing reads these now.
@@ -758,6 +755,12 @@ void CudaBackend::run_step(const ForwardBatch& batch, ForwardOutput& out) {
   st.tokens = batch.num_tokens();
   st.seqs = batch.num_seqs();
   st.logit_rows = static_cast<int32_t>(batch.logit_rows.size());
+  // The per-row fields are empty or one per logit row; checked before anything is queued.
+  auto per_row = [&](size_t n) { return n == 0 || n == batch.logit_rows.size(); };
+  if (!per_row(batch.host_logits.size()) || !per_row(batch.sampling.size()) ||
+      !per_row(batch.penalty_rows.size())) {
+    throw std::logic_error("CUDA backend: per-row fields do not match the logit rows");
+  }
   int32_t max_context = 0;
   for (int32_t s = 0; s < st.seqs; ++s) {
     st.max_q_len = std::max(st.max_q_len, batch.query_start[s + 1] - batch.query_start[s]);

@@ -65,28 +65,22 @@ void sort_keys(std::vector<uint64_t>& keys, std::vector<uint64_t>& tmp) {
   }
 }
 
-// The candidates (w > 0 and w >= threshold; never NaN) in token order into s.order, and
-// their mass, summed in token order; with kWithBuckets, also the mass of each bucket of
-// weight into s.bucket_mass. One pass over the row.
-template <bool kWithBuckets>
+// The candidates (w > 0 and w >= threshold; never NaN) in token order into s.order, their
+// mass, summed in token order, and the mass of each bucket of weight into s.bucket_mass
+// (for the cuts made without ranking every candidate). One pass over the row.
 double gather_candidates(const float* w, int32_t vocab, float threshold, SamplingScratch& s) {
   std::vector<int32_t>& ids = s.order;
-  ids.resize(vocab);
-  double* bucket_mass = nullptr;
-  if constexpr (kWithBuckets) {
-    s.bucket_mass.assign(kBuckets, 0.0);
-    bucket_mass = s.bucket_mass.data();
-  }
-  int32_t n = 0;
+  ids.clear();
+  s.bucket_mass.assign(kBuckets, 0.0);
+  double* bucket_mass = s.bucket_mass.data();
   double total = 0.0;
   for (int32_t i = 0; i < vocab; ++i) {
     const float x = w[i];
     if (!(x > 0.0f && x >= threshold)) continue;
-    ids[n++] = i;
+    ids.push_back(i);
     total += x;
-    if constexpr (kWithBuckets) bucket_mass[bucket_of_weight(x)] += x;
+    bucket_mass[bucket_of_weight(x)] += x;
   }
-  ids.resize(n);
   return total;
 }
 
@@ -158,23 +152,15 @@ int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_
 
   // Candidates in token order: min-p keeps w >= min_p (the largest weight is 1, so the
   // threshold is min_p itself, at most 1). Weights of 0 (exp underflows below e^-87) carry
-  // no mass and are never drawn; nor is NaN. The bucket masses serve the cuts made
-  // without ranking every candidate, which top-k does not need.
+  // no mass and are never drawn; nor is NaN.
   const float threshold = min_p > 0.0f ? std::min(min_p, 1.0f) : 0.0f;
-  const bool may_cut_k = top_k > 0 && top_k < vocab;
-  const double candidate_mass = may_cut_k ? gather_candidates<false>(w.data(), vocab, threshold, s)
-                                          : gather_candidates<true>(w.data(), vocab, threshold, s);
+  const double candidate_mass = gather_candidates(w.data(), vocab, threshold, s);
   std::vector<int32_t>& ids = s.order;
   if (ids.empty()) return 0;
 
   // `ranked`: when set, the kept tokens in rank order (s.head, first `count`).
   bool ranked = false;
   int64_t count = static_cast<int64_t>(ids.size());
-  if (may_cut_k && top_k >= count) {
-    s.bucket_mass.assign(kBuckets, 0.0);  // top-k keeps them all: ranked as without it
-    for (int32_t id : ids)
-      s.bucket_mass[bucket_of_weight(w[id])] += w[id];
-  }
   if (top_k > 0 && top_k < count) {
     s.head.clear();
     for (int32_t id : ids)
@@ -276,7 +262,7 @@ void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab,
   if (threads > 1) {
     // A row's token depends on that row alone: rows go to threads as they come free
     // (their cost varies with their top-p), each thread with its own scratch, kept for
-    // the thread's life (a few bytes times the vocabulary).
+    // the thread's life (24 bytes times the vocabulary: 3 MB at 128k).
 #pragma omp parallel num_threads(threads)
     {
       thread_local SamplingScratch local;

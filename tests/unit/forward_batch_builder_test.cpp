@@ -62,6 +62,13 @@ TEST(ForwardBatchBuilder, ClearsEveryFieldOfTheLastStep) {
   ASSERT_TRUE(kv.add_sequence(1, paging::PrefixMatch{}, 5));
   ForwardBatch b;
   b.token_ids = {1, 2, 3};
+  b.positions = {9, 9, 9};
+  b.slots = {5, 6, 7};
+  b.query_start = {0, 1, 3};
+  b.context_lens = {40, 41};
+  b.block_tables = {1, 2, 3, 4};
+  b.max_blocks_per_seq = 2;
+  b.logit_rows = {0, 2};
   b.copy_src = {4};
   b.copy_dst = {5};
   b.host_logits = {1, 0};
@@ -71,6 +78,12 @@ TEST(ForwardBatchBuilder, ClearsEveryFieldOfTheLastStep) {
   const ScheduledChunk chunk{1, tokens, 0, 5, true};
   build_forward_batch({&chunk, 1}, kv, {}, b);
   EXPECT_EQ(b.token_ids, tokens);
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  ASSERT_EQ(b.slots.size(), 5u);
+  EXPECT_EQ(b.query_start, (std::vector<int32_t>{0, 5}));
+  EXPECT_EQ(b.context_lens, (std::vector<int32_t>{5}));
+  EXPECT_EQ(b.max_blocks_per_seq, 1);
+  EXPECT_EQ(b.block_tables, (std::vector<int32_t>{kv.block_table(1).blocks()[0]}));
   EXPECT_EQ(b.logit_rows, (std::vector<int32_t>{4}));
   EXPECT_TRUE(b.copy_src.empty() && b.copy_dst.empty());
   EXPECT_TRUE(b.host_logits.empty());
