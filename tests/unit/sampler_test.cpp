@@ -215,6 +215,46 @@ TEST(Sampler, PenaltyListHasEachTokenOnceWithItsCounts) {
   EXPECT_EQ(biased.penalty_tokens()[0].flags, kernels::kPenaltyHasBias);
 }
 
+// A backend row: the draw's parameters with the request's next random number (none taken
+// when greedy), and the penalty list appended after what the batch already holds.
+TEST(Sampler, AppendBackendRowFillsTheDrawAndThePenaltyList) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 9;
+  p.top_p = 0.8f;
+  p.min_p = 0.1f;
+  p.seed = 5;
+  p.frequency_penalty = 0.5f;
+  Sampler drawn(p, std::vector<int32_t>{1, 2}, 0);
+  drawn.observe(3);
+  drawn.observe(4);
+  Sampler same_seed(p, {}, 0);
+  const double first_draw = same_seed.next_uniform();
+
+  ForwardBatch batch;
+  batch.penalty_tokens.resize(3);  // another row's list
+  drawn.append_backend_row(batch);
+  Sampler greedy_row(greedy(), std::vector<int32_t>{1}, 0);
+  greedy_row.append_backend_row(batch);
+
+  ASSERT_EQ(batch.sampling.size(), 2u);
+  EXPECT_EQ(batch.sampling[0].temperature, 0.7f);
+  EXPECT_EQ(batch.sampling[0].top_k, 9);
+  EXPECT_EQ(batch.sampling[0].top_p, 0.8f);
+  EXPECT_EQ(batch.sampling[0].min_p, 0.1f);
+  EXPECT_EQ(batch.sampling[0].uniform, first_draw);
+  EXPECT_EQ(batch.sampling[1].temperature, 0.0f);  // greedy: the backend's argmax
+  ASSERT_EQ(batch.penalty_rows.size(), 2u);
+  EXPECT_EQ(batch.penalty_rows[0].begin, 3);
+  EXPECT_EQ(batch.penalty_rows[0].end, 5);  // tokens 3 and 4 (prompt not listed: no repetition)
+  EXPECT_EQ(batch.penalty_rows[0].frequency, 0.5f);
+  EXPECT_EQ(batch.penalty_rows[1].begin, batch.penalty_rows[1].end);
+  ASSERT_EQ(batch.penalty_tokens.size(), 5u);
+  EXPECT_EQ(batch.penalty_tokens[3].token, 3);
+  EXPECT_EQ(batch.penalty_tokens[4].token, 4);
+  EXPECT_EQ(batch.penalty_tokens[4].output_count, 1);
+}
+
 TEST(Sampler, LogprobsAreTheModelsLogSoftmax) {
   SamplingParams p = greedy();
   p.logprobs = true;
