@@ -214,10 +214,21 @@ int main(int argc, char** argv) try {
               model->weight_bytes_per_step() / 1e6, kernels::dtype_name(config.dtype),
               kernels::dtype_name(kv_dtype));
   std::printf("copy bandwidth (read + write) at start: %.1f GB/s\n", bandwidth);
-  std::printf("sampling: %s\n\n", opt.sampling == "greedy"  ? "greedy (argmax)"
-                                  : opt.sampling == "top-p" ? "temperature 0.8, top_p 0.95"
-                                                            : "temperature 0.8, top_p 0.95, "
-                                                              "repetition 1.1, frequency 0.2");
+  // How --sampling picks the decode tokens (every sequence alike).
+  scheduler::SamplingParams params;
+  params.temperature = 0.8f;
+  params.top_p = 0.95f;
+  if (opt.sampling == "penalized") {
+    params.repetition_penalty = 1.1f;
+    params.frequency_penalty = 0.2f;
+  }
+  if (opt.sampling == "greedy") {
+    std::printf("sampling: greedy (argmax)\n\n");
+  } else {
+    std::printf("sampling: temperature %g, top_p %g, repetition %g, frequency %g\n\n",
+                params.temperature, params.top_p, params.repetition_penalty,
+                params.frequency_penalty);
+  }
 
   engine::ForwardBatch batch;
   engine::ForwardOutput out;
@@ -229,13 +240,6 @@ int main(int argc, char** argv) try {
     std::vector<std::vector<int32_t>> tokens(b);
     std::vector<engine::ScheduledChunk> chunks;
     std::vector<engine::Sampler> samplers;
-    scheduler::SamplingParams params;
-    params.temperature = 0.8f;
-    params.top_p = 0.95f;
-    if (opt.sampling == "penalized") {
-      params.repetition_penalty = 1.1f;
-      params.frequency_penalty = 0.2f;
-    }
     for (int s = 0; s < b; ++s) {
       ids.push_back(next_id++);
       for (int i = 0; i < opt.context; ++i)

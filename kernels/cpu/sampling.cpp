@@ -35,10 +35,7 @@ float weight_of(uint64_t key) {
 // Buckets of weight by their top 11 bits (a quarter of a binade each), in rank order.
 constexpr int kBucketBits = 11;
 constexpr int kBuckets = 1 << kBucketBits;
-int bucket_of(uint64_t key) {
-  return static_cast<int>(key >> (64 - kBucketBits));
-}
-int bucket_of_weight(float w) {
+int bucket_of(float w) {
   uint32_t bits;
   std::memcpy(&bits, &w, sizeof bits);
   return static_cast<int>(~bits >> (32 - kBucketBits));
@@ -79,38 +76,44 @@ double gather_candidates(const float* w, int32_t vocab, float threshold, Samplin
     if (!(x > 0.0f && x >= threshold)) continue;
     ids.push_back(i);
     total += x;
-    bucket_mass[bucket_of_weight(x)] += x;
+    bucket_mass[bucket_of(x)] += x;
   }
   return total;
 }
 
-// The ranked head of the candidates `ids` (ascending) whose mass reaches `mass`, or a
-// little more: all candidates in the buckets of weight down to the one where the
-// bucket masses (s.bucket_mass, of these candidates) reach it, and one more bucket,
-// ranked into `head`. `head` is always a prefix of the whole ranking; with mass =
-// infinity it is the whole ranking.
-void rank_head(const std::vector<int32_t>& ids, const float* w, double mass, SamplingScratch& s) {
-  int last = kBuckets - 1;
-  if (std::isfinite(mass)) {
-    double reached = 0.0;
-    for (int b = 0; b < kBuckets; ++b) {
-      reached += s.bucket_mass[b];
-      if (reached >= mass) {
-        // One bucket more, if any: the ranked sum may round below these bucket sums.
-        last = b + 1;
-        while (last < kBuckets && s.bucket_mass[last] == 0.0)
-          ++last;
-        if (last == kBuckets) last = b;
-        break;
-      }
-    }
-  }
+// Ranks into s.head the candidates `ids` (ascending) in the buckets of weight up to
+// `last`: always a prefix of the whole ranking.
+void rank_buckets(const std::vector<int32_t>& ids, const float* w, int last, SamplingScratch& s) {
   s.head.clear();
   for (int32_t id : ids) {
-    const uint64_t k = rank_key(w[id], id);
-    if (bucket_of(k) <= last) s.head.push_back(k);
+    if (bucket_of(w[id]) <= last) s.head.push_back(rank_key(w[id], id));
   }
   sort_keys(s.head, s.tmp);
+}
+
+// Ranks into s.head a prefix of the candidates `ids` whose running mass, most likely
+// first, exceeds `mass`, or all of them: the candidates in the buckets down to the one
+// where the bucket masses (s.bucket_mass) reach `mass`, and one more bucket; all of them
+// where that prefix's ranked sum rounds to no more than `mass`.
+void rank_head(const std::vector<int32_t>& ids, const float* w, double mass, SamplingScratch& s) {
+  int last = kBuckets - 1;
+  double reached = 0.0;
+  for (int b = 0; b < kBuckets; ++b) {
+    reached += s.bucket_mass[b];
+    if (reached >= mass) {
+      last = b + 1;
+      while (last < kBuckets && s.bucket_mass[last] == 0.0)
+        ++last;
+      if (last == kBuckets) last = b;
+      break;
+    }
+  }
+  rank_buckets(ids, w, last, s);
+  if (s.head.size() == ids.size()) return;
+  double ranked = 0.0;
+  for (uint64_t k : s.head)
+    ranked += weight_of(k);
+  if (!(ranked > mass)) rank_buckets(ids, w, kBuckets - 1, s);
 }
 
 // Weights up to a common factor: w = exp(x * inv_t - max) with the kernels' exp (both
@@ -186,46 +189,37 @@ int32_t sample_row(const float* logits, int32_t vocab, float temperature, int32_
         total += w[id];
     }
     const double target = top_p * total;
-    for (int attempt = 0;; ++attempt) {
-      if (!ranked) rank_head(ids, w.data(), attempt == 0 ? target : INFINITY, s);
-      double mass = 0.0;
-      int64_t keep = 0;
-      const int64_t n = ranked ? count : static_cast<int64_t>(s.head.size());
-      while (keep < n && mass < target)
-        mass += weight_of(s.head[keep++]);
-      if (mass >= target || ranked || n == static_cast<int64_t>(ids.size())) {
-        count = std::max<int64_t>(keep, 1);
-        ranked = true;
-        break;
-      }
+    if (!ranked) {
+      rank_head(ids, w.data(), target, s);
+      count = static_cast<int64_t>(s.head.size());
     }
+    double mass = 0.0;
+    int64_t keep = 0;
+    while (keep < count && mass < target)
+      mass += weight_of(s.head[keep++]);
+    count = std::max<int64_t>(keep, 1);
+    ranked = true;
   }
+  // The draw along the ranking: the first kept token where the running mass exceeds
+  // uniform * (the kept mass), or the last if rounding leaves none. When every candidate
+  // is kept, their mass is the one summed in token order, and they are ranked only as
+  // far as the draw goes.
+  double total = 0.0;
   if (ranked) {
-    // The draw over the ranked kept tokens: the first where the running mass exceeds
-    // uniform * (their mass), or the last if rounding leaves none.
-    double total = 0.0;
     for (int64_t i = 0; i < count; ++i)
       total += weight_of(s.head[i]);
-    const double u = uniform * total;
-    double cumulative = 0.0;
-    for (int64_t i = 0; i < count; ++i) {
-      cumulative += weight_of(s.head[i]);
-      if (u < cumulative) return id_of(s.head[i]);
-    }
-    return id_of(s.head[count - 1]);
+  } else {
+    total = candidate_mass;
+    rank_head(ids, w.data(), uniform * total, s);
+    count = static_cast<int64_t>(s.head.size());
   }
-  // Every candidate is kept: their mass in token order, then the draw along the ranking,
-  // which needs to be ranked only as far as the draw goes.
-  const double u = uniform * candidate_mass;
-  for (int attempt = 0;; ++attempt) {
-    rank_head(ids, w.data(), attempt == 0 ? u : INFINITY, s);
-    double cumulative = 0.0;
-    for (uint64_t k : s.head) {
-      cumulative += weight_of(k);
-      if (u < cumulative) return id_of(k);
-    }
-    if (s.head.size() == ids.size()) return id_of(s.head.back());
+  const double u = uniform * total;
+  double cumulative = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    cumulative += weight_of(s.head[i]);
+    if (u < cumulative) return id_of(s.head[i]);
   }
+  return id_of(s.head[count - 1]);
 }
 
 }  // namespace
