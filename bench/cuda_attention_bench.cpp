@@ -26,12 +26,15 @@
 #include <vector>
 
 #include "bench/cuda_bandwidth.h"
+#include "bench/cuda_bench_util.h"
 #include "bench/list_options.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels.h"
 
 namespace pagellm::kernels::cuda {
 namespace {
+
+using bench::Device;
 
 constexpr int kQHeads = 32, kKVHeads = 8, kHeadDim = 128;
 constexpr DType kCache = DType::kBF16, kOut = DType::kBF16;
@@ -41,23 +44,6 @@ constexpr int kWarmup = 10, kTimed = 100;
 struct Result {
   int batch, context, partition;
   double us, bytes, gbps, percent;
-};
-
-// A device allocation freed on scope exit.
-struct Device {
-  void* p = nullptr;
-  explicit Device(size_t bytes) {
-    if (bytes > 0) PAGELLM_CUDA_CHECK(cudaMalloc(&p, bytes));
-  }
-  ~Device() {
-    if (p) cudaFree(p);
-  }
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(p);
-  }
 };
 
 Result run_shape(int batch, int context, int partition, double copy_gbps, uint64_t seed) {
@@ -107,30 +93,8 @@ Result run_shape(int batch, int context, int partition, double copy_gbps, uint64
                            kOut, nullptr, partition);
   };
 
-  for (int i = 0; i < kWarmup; ++i)
-    launch(i);
-  std::vector<cudaEvent_t> start(kTimed), stop(kTimed);
-  for (int i = 0; i < kTimed; ++i) {
-    PAGELLM_CUDA_CHECK(cudaEventCreate(&start[i]));
-    PAGELLM_CUDA_CHECK(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < kTimed; ++i) {
-    PAGELLM_CUDA_CHECK(cudaEventRecord(start[i]));
-    launch(kWarmup + i);
-    PAGELLM_CUDA_CHECK(cudaEventRecord(stop[i]));
-  }
-  PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<double> us(kTimed);
-  for (int i = 0; i < kTimed; ++i) {
-    float ms = 0;
-    PAGELLM_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
-    us[i] = 1e3 * ms;
-    cudaEventDestroy(start[i]);
-    cudaEventDestroy(stop[i]);
-  }
-  std::sort(us.begin(), us.end());
-
-  Result r{batch, context, partition, us[kTimed / 2], 0, 0, 0};
+  const double us = bench::median_launch_us(launch, kWarmup, kTimed);
+  Result r{batch, context, partition, us, 0, 0, 0};
   r.bytes = double(batch) * context * kKVHeads * kHeadDim * dtype_size(kCache) * 2 +
             double(q_elems) * sizeof(float) + double(q_elems) * dtype_size(kOut);
   r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
@@ -171,17 +135,11 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "no CUDA device: this benchmark needs an NVIDIA GPU\n");
-    return 1;
-  }
-  cudaDeviceProp prop{};
-  PAGELLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const std::string device = bench::cuda_device_name();
 
   const double copy_gbps = bench::measure_cuda_copy_bandwidth();
-  std::printf("device: %s\ndevice-to-device copy (1 GiB, read + write): %.0f GB/s\n", prop.name,
-              copy_gbps);
+  std::printf("device: %s\ndevice-to-device copy (1 GiB, read + write): %.0f GB/s\n",
+              device.c_str(), copy_gbps);
   std::printf("decode attention: %d query / %d KV heads of %d, bf16 cache, bf16 out\n", kQHeads,
               kKVHeads, kHeadDim);
   std::printf("%-14s %9s %10s %12s %10s %10s\n", "batch x ctx", "partition", "us", "MB read",
@@ -209,7 +167,7 @@ int run(int argc, char** argv) {
                  "{\n  \"device\": \"%s\",\n  \"copy_gbps\": %.1f,\n  \"num_q_heads\": %d,\n"
                  "  \"num_kv_heads\": %d,\n  \"head_dim\": %d,\n  \"cache_dtype\": \"bf16\",\n"
                  "  \"out_dtype\": \"bf16\",\n  \"results\": [\n",
-                 prop.name, copy_gbps, kQHeads, kKVHeads, kHeadDim);
+                 device.c_str(), copy_gbps, kQHeads, kKVHeads, kHeadDim);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(f,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: gets the CUDA programs (built here, or unpacked from
 # a pack made elsewhere by scripts/gpu-pack.sh), runs the CUDA tests, the
-# decode-attention benchmark and the end-to-end decode benchmark (random bf16 weights of
-# Llama 3 8B's shape), and prints a short table. With packed programs it took under a
+# decode-attention benchmark, the sampling benchmark and the end-to-end decode benchmark
+# (random bf16 weights of Llama 3 8B's shape), and prints a short table. With packed programs it took under a
 # minute on one H200; building there adds up to 5 minutes.
 #
 #   scripts/gpu-check.sh [OUTDIR]    logs and JSON go to OUTDIR (default: $OUT, else
@@ -105,7 +105,7 @@ if [[ -z "$bin" ]]; then
     { tail -30 "$out/build.log"; fail "configure (see build.log)"; }
   say "build"
   timeout 270 cmake --build build-gpu -j "$(nproc)" --target pagellm pagellm_model_bench \
-    pagellm_cuda_attention_bench "${tests[@]}" >>"$out/build.log" 2>&1 ||
+    pagellm_cuda_attention_bench pagellm_cuda_sampling_bench "${tests[@]}" >>"$out/build.log" 2>&1 ||
     { grep -E "error|Error" "$out/build.log" | head -30; fail "build (see build.log)"; }
   bin=$root/build-gpu
 fi
@@ -140,6 +140,12 @@ say "decode-attention benchmark"
 timeout 90 "$bin/bench/pagellm_cuda_attention_bench" --json "$out/attention.json" \
   >"$out/bench.txt" 2>&1 || say "attention benchmark failed (bench.txt)"
 
+say "sampling benchmark"
+{
+  echo
+  timeout 60 "$bin/bench/pagellm_cuda_sampling_bench" || echo "sampling benchmark failed"
+} >>"$out/bench.txt" 2>&1
+
 say "end-to-end decode benchmark"
 {
   echo
@@ -152,8 +158,9 @@ echo
 echo "=== GPU: $(cat "$out/gpu.txt")"
 echo "=== CUDA tests"
 cat "$out/tests-summary.txt"
-echo "=== benchmarks: decode attention (32 query / 8 KV heads of 128, bf16 cache), then"
-echo "    end-to-end decode, Llama 3 8B shape, random bf16 weights, 512-token contexts"
+echo "=== benchmarks: decode attention (32 query / 8 KV heads of 128, bf16 cache), drawing"
+echo "    tokens (128k vocabulary), then end-to-end decode, Llama 3 8B shape, random bf16"
+echo "    weights, 512-token contexts"
 cat "$out/bench.txt"
 say "done"
 exit $tests_status

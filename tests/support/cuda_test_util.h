@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "support/sampling_cases.h"
 
 namespace pagellm::kernels::cuda::testing {
 
@@ -85,16 +86,8 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// A fresh seed for every run (fresh random inputs), or PAGELLM_TEST_SEED to replay one.
-inline uint32_t fresh_seed() {
-  if (const char* s = std::getenv("PAGELLM_TEST_SEED")) return static_cast<uint32_t>(std::stoul(s));
-  return std::random_device{}();
-}
-
-inline std::string seed_trace(uint32_t seed) {
-  return "seed " + std::to_string(seed) +
-         " (replay with PAGELLM_TEST_SEED=" + std::to_string(seed) + ")";
-}
+using pagellm::testing::fresh_seed;
+using pagellm::testing::seed_trace;
 
 // A blocking stream: ordered after the synchronous uploads and memsets of DeviceBuffer.
 class Stream {

@@ -1,0 +1,200 @@
+// The device sampler's steps (kernels/cuda/block_sampler.h) run on the host, one thread
+// after another, against the CPU twin kernels::cpu::sample_top_k_top_p: every clear
+// decision must agree. Besides the kernel's own block (512 threads, up to 1,024 tokens
+// ranked at once), blocks that rank one or four tokens at a time make every draw go down
+// all the digits of the key, the token ids' included. Fresh random inputs each run;
+// PAGELLM_TEST_SEED=N replays one.
+
+#include "kernels/cuda/block_sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "support/sampling_cases.h"
+
+namespace pagellm::kernels::cuda::block_sampler {
+namespace {
+
+using testing::fresh_seed;
+using testing::seed_trace;
+using namespace testing::sampling;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// The block interface on the host: the threads of a step run one after another, and a
+// scan's first function runs for every thread before its second (as on the device,
+// where the scan stands between them).
+template <int kThreadsV, int kGatherV>
+struct HostBlock {
+  static constexpr int kThreads = kThreadsV;
+  static constexpr int kGather = kGatherV;
+  using SharedT = Shared<kGather>;
+  std::unique_ptr<SharedT> storage = std::make_unique<SharedT>();
+
+  SharedT& shared() { return *storage; }
+
+  template <class F>
+  void each(F f) {
+    for (int t = 0; t < kThreads; ++t)
+      f(t);
+  }
+  template <class F>
+  float reduce_max(F f) {
+    float m = -kInf;
+    for (int t = 0; t < kThreads; ++t)
+      m = std::fmax(m, f(t));
+    return m;
+  }
+  template <class F>
+  Tally sum(F f) {
+    Tally total{0, 0};
+    for (int t = 0; t < kThreads; ++t)
+      total = total + f(t);
+    return total;
+  }
+  template <class F, class G>
+  Tally scan(F f, G g) {
+    std::vector<Tally> v(kThreads);
+    for (int t = 0; t < kThreads; ++t)
+      v[t] = f(t);
+    Tally run{0, 0};
+    for (int t = 0; t < kThreads; ++t) {
+      g(t, run);
+      run = run + v[t];
+    }
+    return run;
+  }
+  static uint32_t atomic_add(uint32_t* p, uint32_t v) {
+    const uint32_t old = *p;
+    *p += v;
+    return old;
+  }
+  static u64 atomic_add(u64* p, u64 v) {
+    const u64 old = *p;
+    *p += v;
+    return old;
+  }
+  static float scaled(float x, float inv_t) { return x * inv_t; }
+  static float exp_diff(float s, float m) { return std::exp(s - m); }
+  static float recip(float t) { return 1.0f / t; }
+  static u64 quantize(float x) { return static_cast<u64>(std::nearbyint(x)); }
+};
+
+using KernelBlock = HostBlock<512, 1024>;
+
+// Every row of `b` through sample_row, as the kernel runs it (rows without a temperature
+// keep -1). A step that finds nothing (-1) is kept, for the test to see.
+template <class Block>
+std::vector<int32_t> host_sample(const Batch& b) {
+  Block block;
+  const float scale = std::ldexp(1.0f, mass_shift(b.vocab));
+  std::vector<int32_t> out(b.rows, -1);
+  for (int64_t r = 0; r < b.rows; ++r) {
+    if (!(b.temperature[r] > 0.0f)) continue;
+    out[r] = sample_row(block, b.logits.data() + r * b.vocab, b.vocab, b.temperature[r], b.top_k[r],
+                        b.top_p[r], b.min_p[r], b.uniform[r], scale);
+  }
+  return out;
+}
+
+TEST(BlockSampler, MassShiftKeepsARowBelow2To63) {
+  for (int64_t vocab : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{32000}, int64_t{128256},
+                        int64_t{1} << 17, int64_t{INT32_MAX} - 1}) {
+    const int s = mass_shift(vocab);
+    const long double top = std::ldexp(1.0L, 63);
+    EXPECT_LT(static_cast<long double>(vocab) * std::ldexp(1.0L, s), top) << vocab;
+    EXPECT_GE(static_cast<long double>(vocab) * std::ldexp(1.0L, s + 1), top) << vocab;
+  }
+  EXPECT_EQ(mass_shift(1), 62);
+  EXPECT_EQ(mass_shift(128256), 46);
+}
+
+TEST(BlockSampler, KernelBlockMatchesCpuTwinOnMixedRows) {
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  for (int64_t vocab : {1, 2, 50, 1000, 32000}) {
+    SCOPED_TRACE("vocab=" + std::to_string(vocab));
+    const Batch b = make_batch(96, vocab, rng);
+    EXPECT_GE(expect_same_tokens(b, host_sample<KernelBlock>(b)), 96 * 8 / 10);
+  }
+  const Batch b = make_batch(24, 128256, rng);
+  EXPECT_GE(expect_same_tokens(b, host_sample<KernelBlock>(b)), 24 * 8 / 10);
+}
+
+// One or four tokens ranked at once: bins are split down to the last digit of the key.
+TEST(BlockSampler, EveryDigitOfTheKeyMatchesCpuTwin) {
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  for (int64_t vocab : {1, 3, 700, 5000}) {
+    SCOPED_TRACE("vocab=" + std::to_string(vocab));
+    const Batch b = make_batch(48, vocab, rng);
+    EXPECT_GE(expect_same_tokens(b, host_sample<HostBlock<32, 1>>(b)), 48 * 7 / 10);
+    EXPECT_GE(expect_same_tokens(b, host_sample<HostBlock<64, 4>>(b)), 48 * 7 / 10);
+  }
+}
+
+// Equal logits: every weight is 1, so the masses are whole multiples and each draw exact.
+// With 5,000 of them a bin holds more than the kernel ranks at once: the ties are split
+// by their ids.
+TEST(BlockSampler, TiesAreTakenByLowerIdExactly) {
+  for (int64_t vocab : {1000, 5000}) {
+    SCOPED_TRACE("vocab=" + std::to_string(vocab));
+    Batch b;
+    b.rows = 7;
+    b.vocab = vocab;
+    b.logits.assign(b.rows * b.vocab, 0.25f);
+    b.temperature = {1.0f, 1.0f, 1.0f, 1.0f, 0.5f, 1.0f, 1.0f};
+    b.top_k = {3, 3, 0, 0, 10, 0, 0};
+    b.top_p = {1.0f, 1.0f, 0.5f, 1.0f, 0.45f, 1.0f, 1.0f};
+    b.min_p = {0.0f, 0.0f, 0.0f, 0.5f, 0.0f, 0.0f, 0.0f};
+    b.uniform = {0.5f, 0.0f, 0.999f, 0.25f, 0.5f, 0.7505f, std::nextafter(1.0f, 0.0f)};
+    // top-k 3, u 0.5: 1.5 of 3, the second. top-p 0.5: the first half, then 0.999 of it.
+    // Row 4: top-k 10, then top-p 0.45 of 10 = 4.5: five tokens; 2.5 of 5: the third.
+    const auto n = static_cast<int32_t>(vocab);
+    const std::vector<int32_t> want = {
+        1,     0, static_cast<int32_t>(std::floor(0.999f * static_cast<float>(n / 2))),
+        n / 4, 2, static_cast<int32_t>(std::floor(0.7505 * n)),
+        n - 1};
+    EXPECT_EQ(cpu_sample(b), want) << "the CPU twin";
+    EXPECT_EQ(host_sample<KernelBlock>(b), want);
+    EXPECT_EQ((host_sample<HostBlock<32, 1>>(b)), want);
+  }
+}
+
+TEST(BlockSampler, NaNIsNeverDrawnAndARowOfNaNGivesZero) {
+  Batch b;
+  b.rows = 6;
+  b.vocab = 700;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < 4 * b.vocab; ++i)
+    b.logits.push_back(i % 3 == 0 ? kNaN : normal(rng));
+  b.logits.insert(b.logits.end(), b.vocab, kNaN);   // row 4: nothing to draw
+  b.logits.insert(b.logits.end(), b.vocab, -kInf);  // row 5: all tied at the top
+  b.temperature = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  b.top_k = {0, 5, 0, 0, 0, 0};
+  b.top_p = {1.0f, 1.0f, 0.5f, 1.0f, 1.0f, 1.0f};
+  b.min_p = {0.0f, 0.0f, 0.0f, 0.1f, 0.0f, 0.0f};
+  b.uniform = {0.3f, 0.9f, 0.0f, std::nextafter(1.0f, 0.0f), 0.5f, 0.5f};
+  for (const auto& out : {host_sample<KernelBlock>(b), host_sample<HostBlock<32, 1>>(b)}) {
+    for (int64_t r = 0; r < 4; ++r) {
+      ASSERT_TRUE(out[r] >= 0 && out[r] < b.vocab) << "row " << r;
+      EXPECT_FALSE(std::isnan(b.logits[r * b.vocab + out[r]])) << "row " << r;
+    }
+    EXPECT_EQ(out[4], 0);
+    EXPECT_EQ(out[5], cpu_sample(b)[5]);
+    EXPECT_EQ(out[5], 350);
+  }
+}
+
+}  // namespace
+}  // namespace pagellm::kernels::cuda::block_sampler
