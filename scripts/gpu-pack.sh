@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Packs, from a build here, what scripts/gpu-check.sh needs to run on a GPU machine
-# without building there: the stripped server, the two GPU benchmarks and the CUDA test
-# programs, laid out as in the build folder, plus the shared libraries they load other
-# than the C library and CUDA's (which the GPU machine has). The pack is one
-# xz-compressed tar, .gpu-prebuilt/prebuilt.tar.xz (ignored by git): about 9 MB. The build must hold machine code for that GPU
+# without building there: the stripped server, the model benchmark, the two kernel
+# benchmarks (attention, sampling) and the CUDA test programs, laid out as in the build
+# folder, plus the shared libraries they load other than the C library and CUDA's (which
+# the GPU machine has). The pack is one xz-compressed tar, .gpu-prebuilt/prebuilt.tar.xz
+# (ignored by git): about 9 MB. The build must hold machine code for that GPU
 # (CMAKE_CUDA_ARCHITECTURES; the default build has sm_80 and sm_90).
 #
 #   scripts/gpu-pack.sh [BUILD_DIR]    default: build
@@ -13,7 +14,8 @@ build=$(realpath "${1:-build}")
 out=.gpu-prebuilt
 pack=$(mktemp -d)
 trap 'rm -rf "$pack"' EXIT
-programs=(pagellm bench/pagellm_model_bench bench/pagellm_cuda_attention_bench)
+programs=(pagellm bench/pagellm_model_bench bench/pagellm_cuda_attention_bench
+  bench/pagellm_cuda_sampling_bench)
 for t in tests/cuda/*_test.cpp; do programs+=("tests/$(basename "$t" .cpp)"); done
 
 mkdir -p "$pack/build" "$pack/lib"
