@@ -61,6 +61,7 @@ struct Level {
 constexpr int kTopShift = 62;
 constexpr u64 kTopBits = 3;
 constexpr int kLevelCount = 6;
+constexpr int kFirstIdLevel = 3;
 PAGELLM_BLOCK_FN Level level_at(int i) {
   switch (i) {
     case 0:
@@ -149,8 +150,8 @@ PAGELLM_BLOCK_FN bool candidate(const RowInput& row, float w) {
 }
 
 // The histogram of the candidates whose key starts with `prefix` (key >> match_shift),
-// by the digit of `bits` bits at `shift`; returns their count and mass.
-template <class B>
+// by the digit of `bits` bits at `shift`; returns their count and mass when kTotal.
+template <bool kTotal, class B>
 PAGELLM_BLOCK_FN Tally histogram(B& b, const RowInput& row, int match_shift, u64 prefix, int shift,
                                  int bits) {
   auto& sh = b.shared();
@@ -161,7 +162,7 @@ PAGELLM_BLOCK_FN Tally histogram(B& b, const RowInput& row, int match_shift, u64
     }
   });
   const u64 digit_mask = (1ull << bits) - 1;
-  return b.sum([&](int t) {
+  auto pass = [&](int t) {
     Tally local{0, 0};
     for (int64_t i = t; i < row.vocab; i += B::kThreads) {
       const float w = weight<B>(row, i);
@@ -176,7 +177,13 @@ PAGELLM_BLOCK_FN Tally histogram(B& b, const RowInput& row, int match_shift, u64
       local.mass += q;
     }
     return local;
-  });
+  };
+  if constexpr (kTotal) {
+    return b.sum(pass);
+  } else {
+    b.each([&](int t) { pass(t); });
+    return Tally{0, 0};
+  }
 }
 
 // The bin of the histogram where before + (the bins up to it) passes the bound, into
@@ -268,17 +275,27 @@ PAGELLM_BLOCK_FN void select_token(B& b, const RowInput& row, const Bound& bound
   u64 prefix = kTopBits;
   for (int level = 0; level < kLevelCount; ++level) {
     const Level lv = level_at(level);
-    if (level > 0 || !level0) histogram(b, row, match_shift, prefix, lv.shift, lv.bits);
+    if (level >= kFirstIdLevel && ((row.vocab - 1) >> lv.shift) == 0) {
+      // Every id's digit here is 0: the bin is the same, without a pass.
+      prefix <<= lv.bits;
+      match_shift = lv.shift;
+      continue;
+    }
+    if (level > 0 || !level0) histogram<false>(b, row, match_shift, prefix, lv.shift, lv.bits);
     level0 = level == 0;
     find_crossing(b, before, bound);
     const int32_t bin = sh.cross_bin;
     if (bin < 0) break;
+    const uint32_t in_bin = sh.cross_tally.count;
     before = sh.cross_before;
     prefix = (prefix << lv.bits) | static_cast<u64>(bin);
     match_shift = lv.shift;
-    if (sh.cross_tally.count <= static_cast<uint32_t>(B::kGather)) {
+    if (in_bin <= static_cast<uint32_t>(B::kGather)) {
       gather_and_rank(b, row, match_shift, prefix, before, bound);
-      return;
+      // The gather recomputes the weights of the histogram pass, the same instructions on
+      // the same values, so it finds the same tokens; were it not to, the next digit's
+      // histogram would split the bin again rather than rank part of it.
+      if (sh.gathered == in_bin) return;
     }
   }
   // Not reached with the callers' bounds: the last level's bins hold one token each.
@@ -313,7 +330,8 @@ PAGELLM_BLOCK_FN int32_t sample_row(B& b, const float* logits, int64_t vocab, fl
   });
   // min-p keeps w >= min_p: the largest weight is 1.
   row.threshold = min_p > 0.0f ? (min_p < 1.0f ? min_p : 1.0f) : 0.0f;
-  const Tally all = histogram(b, row, kTopShift, kTopBits, level_at(0).shift, level_at(0).bits);
+  const Tally all =
+      histogram<true>(b, row, kTopShift, kTopBits, level_at(0).shift, level_at(0).bits);
   if (all.count == 0) return 0;
   bool level0 = true;
   Tally kept = all;

@@ -106,7 +106,9 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 using block_sampler::Tally;
 using block_sampler::u64;
 
-constexpr int kGatherTokens = 1024;
+// Ranking n gathered tokens costs each thread n * n / kSampleThreads comparisons: at 512,
+// about as much as a pass over a row of 128k.
+constexpr int kGatherTokens = 512;
 
 struct MaxIgnoringNaN {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
@@ -193,7 +195,7 @@ struct DeviceBlock {
   static __device__ __forceinline__ u64 quantize(float x) { return __float2ull_rn(x); }
 };
 
-__global__ void __launch_bounds__(kSampleThreads)
+__global__ void __launch_bounds__(kSampleThreads, 2)
     sample_kernel(const float* __restrict__ logits, int64_t vocab, SamplingRows params,
                   float mass_scale, int32_t* __restrict__ out) {
   __shared__ DeviceBlock::Storage storage;
