@@ -292,6 +292,7 @@ class CudaBackend final : public Backend {
   void allocate_kv_cache(int64_t num_blocks, DType dtype) override {
     if (!kv_.empty()) throw std::logic_error("the KV cache is allocated once");
     PAGELLM_CUDA_CHECK(cudaSetDevice(options_.device));
+    check_attention_fits(dtype);
     const int64_t per_tensor = num_blocks * cuda::kBlockSize * kv_dim_ * kernels::dtype_size(dtype);
     kv_memory_ = DeviceMemory(static_cast<size_t>(2 * config_.num_layers * per_tensor));
     // Zeroed, as on the CPU: a block is always written before it is read, but a clean
@@ -305,6 +306,27 @@ class CudaBackend final : public Backend {
     }
   }
   int64_t kv_cache_bytes() const override { return static_cast<int64_t>(kv_memory_.bytes()); }
+
+  // The attention kernels' shared memory per block for this model and cache dtype against
+  // the device's limit: refused when the model loads rather than at its first request.
+  void check_attention_fits(DType dtype) const {
+    const auto D = static_cast<int>(config_.head_dim);
+    const auto heads = static_cast<int>(config_.num_heads);
+    const auto kv_heads = static_cast<int>(config_.num_kv_heads);
+    const size_t need = cuda::paged_attention_shared_bytes(D, heads, kv_heads, dtype);
+    int limit = 0;
+    PAGELLM_CUDA_CHECK(
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, options_.device));
+    if (need > static_cast<size_t>(limit)) {
+      throw ConfigError("backend cuda: attention over a " +
+                        std::string(kernels::dtype_name(dtype)) + " KV cache with head_dim " +
+                        std::to_string(D) + " and " + std::to_string(heads / kv_heads) +
+                        " query heads per KV head needs " + std::to_string(need / 1024) +
+                        " KiB of shared memory per thread block, and the " + device_name_ +
+                        " allows " + std::to_string(limit / 1024) +
+                        " KiB (serve this model with --backend cpu)");
+    }
+  }
 
   void forward(const ForwardBatch& batch, ForwardOutput& out) override;
 

@@ -638,6 +638,7 @@ constexpr int kGeneralTile = 32;      // keys per staged tile (2 KV blocks)
 // ...). The same thread holds the rows' softmax state in both.
 template <int D>
 struct GeneralShape {
+  static constexpr int kHeadDim = D;
   static constexpr int kRows = D == 16 ? 128 : (D == 256 ? 32 : 64);
   static constexpr int kGroupLanes = kGeneralThreads * 4 / kRows;  // 4, 8 or 16
   static constexpr int kKeysPerThread = kGeneralTile / kGroupLanes;
@@ -934,6 +935,11 @@ bool aligned16(const void* p) {
 
 constexpr int kMaxGroup = 16;  // query heads per KV head
 
+// Query heads a decode block computes per KV head: the group rounded up to 4, 8 or 16.
+int decode_group_pack(int group) {
+  return group <= 4 ? 4 : (group <= 8 ? 8 : 16);
+}
+
 bool supported_head_dim(int d) {
   return d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
 }
@@ -1021,19 +1027,25 @@ void launch_general(const GeneralParams& p, dim3 grid, cudaStream_t stream) {
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
 
-int general_rows(int head_dim) {
+// f(GeneralShape<head_dim>{}) for a supported head_dim.
+template <class F>
+auto with_general_shape(int head_dim, F f) {
   switch (head_dim) {
     case 16:
-      return GeneralShape<16>::kRows;
+      return f(GeneralShape<16>{});
     case 32:
-      return GeneralShape<32>::kRows;
+      return f(GeneralShape<32>{});
     case 64:
-      return GeneralShape<64>::kRows;
+      return f(GeneralShape<64>{});
     case 128:
-      return GeneralShape<128>::kRows;
+      return f(GeneralShape<128>{});
     default:
-      return GeneralShape<256>::kRows;
+      return f(GeneralShape<256>{});
   }
+}
+
+int general_rows(int head_dim) {
+  return with_general_shape(head_dim, [](auto shape) { return decltype(shape)::kRows; });
 }
 
 }  // namespace
@@ -1041,6 +1053,21 @@ int general_rows(int head_dim) {
 bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads) {
   return supported_head_dim(head_dim) && num_kv_heads > 0 && num_q_heads > 0 &&
          num_q_heads % num_kv_heads == 0 && num_q_heads / num_kv_heads <= kMaxGroup;
+}
+
+size_t paged_attention_shared_bytes(int head_dim, int num_q_heads, int num_kv_heads,
+                                    DType cache_dtype) {
+  if (!paged_attention_supports(head_dim, num_q_heads, num_kv_heads))
+    throw std::invalid_argument("paged_attention_shared_bytes: head_dim " +
+                                std::to_string(head_dim) + " with " + std::to_string(num_q_heads) +
+                                " query and " + std::to_string(num_kv_heads) +
+                                " KV heads is not a shape the kernels take");
+  const int row_bytes = head_dim * static_cast<int>(dtype_size(cache_dtype));
+  const int decode =
+      decode_layout(decode_group_pack(num_q_heads / num_kv_heads), head_dim, row_bytes).total;
+  const int general = with_general_shape(
+      head_dim, [&](auto shape) { return decltype(shape)::smem_bytes(row_bytes); });
+  return static_cast<size_t>(std::max(decode, general));
 }
 
 int decode_partition_tokens_on(int32_t num_seqs, int num_kv_heads, int32_t max_context,
@@ -1108,7 +1135,7 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
   float* const ws_sum = ws_max + rows * parts;
 
   if (parts > 0) {
-    const int gp = G <= 4 ? 4 : (G <= 8 ? 8 : 16);
+    const int gp = decode_group_pack(G);
     DecodeParams p{};
     p.q = q;
     p.k = static_cast<const uint4*>(cache.k);
@@ -1195,23 +1222,8 @@ void paged_attention(const float* q, const KVCacheLayer& cache, const PagedAtten
   p.out = out;
   p.out_dtype = out_dtype;
   const dim3 grid(cache.num_kv_heads, static_cast<unsigned>(qtiles), batch.num_seqs);
-  switch (D) {
-    case 16:
-      launch_general<16>(p, grid, stream);
-      break;
-    case 32:
-      launch_general<32>(p, grid, stream);
-      break;
-    case 64:
-      launch_general<64>(p, grid, stream);
-      break;
-    case 128:
-      launch_general<128>(p, grid, stream);
-      break;
-    default:
-      launch_general<256>(p, grid, stream);
-      break;
-  }
+  with_general_shape(
+      D, [&](auto shape) { launch_general<decltype(shape)::kHeadDim>(p, grid, stream); });
 }
 
 }  // namespace pagellm::kernels::cuda

@@ -162,6 +162,15 @@ int decode_partition_tokens_on(int32_t num_seqs, int num_kv_heads, int32_t max_c
 // most 16 query heads per KV head): a model can be checked when it loads.
 bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads);
 
+// Dynamic shared memory per thread block, in bytes, that the attention kernels launch
+// with for this shape (the larger of the decode and the general kernel). Over 48 KiB
+// they ask for it with cudaFuncSetAttribute, which fails on a device whose limit per
+// block (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on Hopper, 163 KiB on A100,
+// 99 KiB on other Ampere and Ada GPUs) is lower: a backend compares the two when it
+// allocates its KV cache. Throws std::invalid_argument for a shape the kernels do not take.
+size_t paged_attention_shared_bytes(int head_dim, int num_q_heads, int num_kv_heads,
+                                    DType cache_dtype);
+
 // Float32 scratch the decode kernel needs, in bytes. `partition_tokens` as for
 // paged_attention_decode.
 size_t paged_attention_decode_workspace_bytes(int32_t num_seqs, int num_q_heads, int num_kv_heads,
