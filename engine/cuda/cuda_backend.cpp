@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/kv_cache_memory.h"
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer_config.h"
@@ -165,6 +166,8 @@ class CudaBackend final : public Backend {
           std::to_string(D) + ", " + std::to_string(config_.num_heads) + " query and " +
           std::to_string(config_.num_kv_heads) + " KV heads (serve it with --backend cpu)");
     }
+    // Before the weights go up: the KV cache will have the model's dtype.
+    check_attention_fits(default_kv_dtype(config_));
     q_dim_ = config_.num_heads * D;
     kv_dim_ = config_.num_kv_heads * D;
   }
@@ -309,6 +312,7 @@ class CudaBackend final : public Backend {
 
   // The attention kernels' shared memory per block for this model and cache dtype against
   // the device's limit: refused when the model loads rather than at its first request.
+  // (Called again with the dtype the pool is allocated in.)
   void check_attention_fits(DType dtype) const {
     const auto D = static_cast<int>(config_.head_dim);
     const auto heads = static_cast<int>(config_.num_heads);
@@ -321,7 +325,7 @@ class CudaBackend final : public Backend {
       throw ConfigError("backend cuda: attention over a " +
                         std::string(kernels::dtype_name(dtype)) + " KV cache with head_dim " +
                         std::to_string(D) + " and " + std::to_string(heads / kv_heads) +
-                        " query heads per KV head needs " + std::to_string(need / 1024) +
+                        " query heads per KV head needs " + std::to_string((need + 1023) / 1024) +
                         " KiB of shared memory per thread block, and the " + device_name_ +
                         " allows " + std::to_string(limit / 1024) +
                         " KiB (serve this model with --backend cpu)");

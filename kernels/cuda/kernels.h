@@ -225,14 +225,15 @@ struct SamplingRows {
 // prefix, most likely first, whose mass reaches top_p of the kept mass (at least one
 // token); then the token where the running sum of kept weights, most likely first,
 // first exceeds uniform * (kept mass) (the last kept token if none does). Weights in
-// float32 (the device's expf is within 2 ulp, the CPU's exp closer); masses as integers
+// float32 (the device's expf and the CPU's exp each within a few ulp); masses as integers
 // (each weight rounded to a multiple of 2^-S, S = block_sampler::mass_shift(vocab):
 // 2^-46 at 128k), so a draw that falls within rounding of a boundary may differ from the
 // CPU twin kernels::cpu::sample_top_k_top_p, which sums in double; the integer sums do not
 // depend on the order of the additions, so a row's token depends on that row alone. NaN
 // logits are never drawn. One thread block per row, no sort: a radix select over the
-// ranking (block_sampler.h): three to seven passes over the row (about six for a flat
-// row of 128k at top-p 0.95, four for a peaked one).
+// ranking (block_sampler.h): typically three to seven passes over the row (about six
+// for a flat row of 128k at top-p 0.95, four for a peaked one), more when thousands of
+// tokens tie on one weight (their ids are split digit by digit).
 void sample_top_k_top_p(const float* logits,  // [rows, vocab]
                         int64_t rows, int64_t vocab, const SamplingRows& params,
                         int32_t* out,  // [rows]

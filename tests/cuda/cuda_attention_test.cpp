@@ -294,14 +294,17 @@ const std::vector<int32_t> kBoundaryContexts = {1, 15, 16, 17, 31, 33, 511, 512,
 const DType kCacheDtypes[] = {DType::kBF16, DType::kF32, DType::kF16};
 const DType kOutDtypes[] = {DType::kF32, DType::kBF16};
 
-// The shared memory the kernels launch with (needs no GPU): Llama 3 8B's shape fits every
-// Ampere, Ada and Hopper GPU (99 KiB and up per block); head_dim 256 over a float32 cache
-// needs more than an A100's 163 KiB, and the backend refuses it there when it loads.
+// The shared memory the kernels launch with (needs no GPU): a 16-bit cache with head_dim
+// up to 128 fits every Ampere, Ada and Hopper GPU (99 KiB and up per block); head_dim 256,
+// or 128 over a float32 cache, needs more than Ada's 99 KiB, and 256 over float32 more
+// than an A100's 163 KiB: the backend refuses those there when the model loads.
 TEST(CudaAttention, SharedMemoryPerBlockForEachShape) {
   constexpr size_t kAda = 99 * 1024, kA100 = 163 * 1024, kHopper = 227 * 1024;
   EXPECT_LE(cuda::paged_attention_shared_bytes(128, 32, 8, DType::kBF16), kAda);
   EXPECT_LE(cuda::paged_attention_shared_bytes(64, 32, 32, DType::kF16), kAda);
   EXPECT_GT(cuda::paged_attention_shared_bytes(256, 16, 8, DType::kF32), kA100);
+  EXPECT_GT(cuda::paged_attention_shared_bytes(256, 16, 8, DType::kBF16), kAda);
+  EXPECT_GT(cuda::paged_attention_shared_bytes(128, 32, 8, DType::kF32), kAda);
   for (int d : {16, 32, 64, 128, 256}) {
     for (int group : {1, 4, 8, 16}) {
       SCOPED_TRACE("head_dim " + std::to_string(d) + ", group " + std::to_string(group));
@@ -310,7 +313,7 @@ TEST(CudaAttention, SharedMemoryPerBlockForEachShape) {
       EXPECT_GE(cuda::paged_attention_shared_bytes(d, 8 * group, 8, DType::kF32), bf16);
       EXPECT_LE(cuda::paged_attention_shared_bytes(d, 8 * group, 8, DType::kF32), kHopper);
       if (d <= 128) {
-        EXPECT_LE(bf16, kA100);
+        EXPECT_LE(bf16, kAda);
       }
     }
   }

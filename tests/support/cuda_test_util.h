@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/dtype.h"
-#include "support/sampling_cases.h"
+#include "support/test_seed.h"
 
 namespace pagellm::kernels::cuda::testing {
 

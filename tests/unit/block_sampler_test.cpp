@@ -1,9 +1,9 @@
 // The device sampler's steps (kernels/cuda/block_sampler.h) run on the host, one thread
 // after another, against the CPU twin kernels::cpu::sample_top_k_top_p: every clear
 // decision must agree. Besides the kernel's own block (512 threads, up to 512 tokens
-// ranked at once), blocks that rank one or four tokens at a time make every draw go down
-// all the digits of the key, the token ids' included. Fresh random inputs each run;
-// PAGELLM_TEST_SEED=N replays one.
+// ranked at once), blocks that rank one or four tokens at a time split every bin down to
+// the last digit of the weight, and bins of tied weights down to the token ids. Fresh
+// random inputs each run; PAGELLM_TEST_SEED=N replays one.
 
 #include "kernels/cuda/block_sampler.h"
 
@@ -83,8 +83,12 @@ struct HostBlock {
     return old;
   }
   static float scaled(float x, float inv_t) { return x * inv_t; }
-  // The CPU twin's exp, so that the weights are the twin's, bit for bit.
-  static float exp_diff(float s, float m) { return cpu::detail::exp_scalar(s - m); }
+  // The CPU twin's weights, bit for bit: its exp, and NaN kept (as the device's expf keeps
+  // it; exp_scalar alone would turn it into a large number).
+  static float exp_diff(float s, float m) {
+    const float d = s - m;
+    return std::isnan(d) ? d : cpu::detail::exp_scalar(d);
+  }
   static float recip(float t) { return 1.0f / t; }
   static u64 quantize(float x) { return static_cast<u64>(std::nearbyint(x)); }
 };
@@ -139,7 +143,8 @@ TEST(BlockSampler, KernelBlockMatchesCpuTwinOnMixedRows) {
   expect_all_rows_agree(b, host_sample<KernelBlock>(b));
 }
 
-// One or four tokens ranked at once: bins are split down to the last digit of the key.
+// One or four tokens ranked at once: bins are split down to the last digit of the weight,
+// and tied weights (the logits on a grid of 1/16) down to the ids.
 TEST(BlockSampler, EveryDigitOfTheKeyMatchesCpuTwin) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(seed_trace(seed));
@@ -153,8 +158,8 @@ TEST(BlockSampler, EveryDigitOfTheKeyMatchesCpuTwin) {
 }
 
 // Equal logits: every weight is 1, so the masses are whole multiples and each draw exact.
-// With 5,000 of them a bin holds more than the kernel ranks at once: the ties are split
-// by their ids.
+// A bin of 1,000 or 5,000 ties holds more than the kernel ranks at once (512): the ties
+// are split by their ids (over one digit of them at 1,000, two at 5,000).
 TEST(BlockSampler, TiesAreTakenByLowerIdExactly) {
   for (int64_t vocab : {1000, 5000}) {
     SCOPED_TRACE("vocab=" + std::to_string(vocab));
