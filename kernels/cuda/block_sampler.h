@@ -42,8 +42,10 @@
 
 #if defined(__CUDACC__)
 #define PAGELLM_BLOCK_FN __device__ __forceinline__
+#define PAGELLM_BLOCK_UNROLL _Pragma("unroll")
 #else
 #define PAGELLM_BLOCK_FN inline
+#define PAGELLM_BLOCK_UNROLL
 #endif
 
 namespace pagellm::kernels::cuda::block_sampler {
@@ -140,9 +142,30 @@ struct RowInput {
 };
 
 template <class B>
-PAGELLM_BLOCK_FN float weight(const RowInput& row, int64_t i) {
-  const float s = B::scaled(row.logits[i], row.inv_t);
+PAGELLM_BLOCK_FN float weight(const RowInput& row, float logit) {
+  const float s = B::scaled(logit, row.inv_t);
   return s == row.max_s ? 1.0f : B::exp_diff(s, row.max_s);
+}
+
+// f(i, logits[i]) for thread t's elements of a row (t, t + kThreads, ...), their loads
+// issued kLoadsAhead at a time before any is used: with one block per row, a pass is
+// bound by the latency of its loads, not by bandwidth.
+constexpr int kLoadsAhead = 4;
+template <class B, class F>
+PAGELLM_BLOCK_FN void visit_row(const float* logits, int64_t vocab, int t, F f) {
+  constexpr int64_t kStride = B::kThreads;
+  int64_t i = t;
+  for (; i + (kLoadsAhead - 1) * kStride < vocab; i += kLoadsAhead * kStride) {
+    float x[kLoadsAhead];
+    PAGELLM_BLOCK_UNROLL
+    for (int k = 0; k < kLoadsAhead; ++k)
+      x[k] = logits[i + k * kStride];
+    PAGELLM_BLOCK_UNROLL
+    for (int k = 0; k < kLoadsAhead; ++k)
+      f(i + k * kStride, x[k]);
+  }
+  for (; i < vocab; i += kStride)
+    f(i, logits[i]);
 }
 
 PAGELLM_BLOCK_FN bool candidate(const RowInput& row, float w) {
@@ -164,18 +187,18 @@ PAGELLM_BLOCK_FN Tally histogram(B& b, const RowInput& row, int match_shift, u64
   const u64 digit_mask = (1ull << bits) - 1;
   auto pass = [&](int t) {
     Tally local{0, 0};
-    for (int64_t i = t; i < row.vocab; i += B::kThreads) {
-      const float w = weight<B>(row, i);
-      if (!candidate(row, w)) continue;
+    visit_row<B>(row.logits, row.vocab, t, [&](int64_t i, float logit) {
+      const float w = weight<B>(row, logit);
+      if (!candidate(row, w)) return;
       const u64 key = rank_key(w, i);
-      if ((key >> match_shift) != prefix) continue;
+      if ((key >> match_shift) != prefix) return;
       const int d = static_cast<int>((key >> shift) & digit_mask);
       const u64 q = B::quantize(w * row.mass_scale);
       B::atomic_add(&sh.count[d], 1u);
       B::atomic_add(&sh.mass[d], q);
       local.count += 1;
       local.mass += q;
-    }
+    });
     return local;
   };
   if constexpr (kTotal) {
@@ -232,17 +255,17 @@ PAGELLM_BLOCK_FN void gather_and_rank(B& b, const RowInput& row, int match_shift
     }
   });
   b.each([&](int t) {
-    for (int64_t i = t; i < row.vocab; i += B::kThreads) {
-      const float w = weight<B>(row, i);
-      if (!candidate(row, w)) continue;
+    visit_row<B>(row.logits, row.vocab, t, [&](int64_t i, float logit) {
+      const float w = weight<B>(row, logit);
+      if (!candidate(row, w)) return;
       const u64 key = rank_key(w, i);
-      if ((key >> match_shift) != prefix) continue;
+      if ((key >> match_shift) != prefix) return;
       const uint32_t slot = B::atomic_add(&sh.gathered, 1u);
       if (slot < static_cast<uint32_t>(B::kGather)) {
         sh.keys[slot] = key;
         sh.masses[slot] = B::quantize(w * row.mass_scale);
       }
-    }
+    });
   });
   const uint32_t n = sh.gathered < static_cast<uint32_t>(B::kGather)
                          ? sh.gathered
@@ -322,10 +345,10 @@ PAGELLM_BLOCK_FN int32_t sample_row(B& b, const float* logits, int64_t vocab, fl
   RowInput row{logits, vocab, B::recip(temperature), 0.0f, 0.0f, mass_scale};
   row.max_s = b.reduce_max([&](int t) {
     float m = -__builtin_huge_valf();
-    for (int64_t i = t; i < vocab; i += B::kThreads) {
-      const float s = B::scaled(logits[i], row.inv_t);
+    visit_row<B>(logits, vocab, t, [&](int64_t, float logit) {
+      const float s = B::scaled(logit, row.inv_t);
       if (s > m) m = s;
-    }
+    });
     return m;
   });
   // min-p keeps w >= min_p: the largest weight is 1.

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -154,6 +155,59 @@ TEST(BlockSampler, EveryDigitOfTheKeyMatchesCpuTwin) {
     const Batch b = make_batch(48, vocab, rng);
     expect_all_rows_agree(b, host_sample<HostBlock<32, 1>>(b));
     expect_all_rows_agree(b, host_sample<HostBlock<64, 4>>(b));
+  }
+}
+
+// Rows at the edges of what requests send: ties on grids, masked (-inf) and infinite
+// logits, NaN, all equal; temperatures from 1e-4 to 100; top-k 1, vocab - 1 and past the
+// vocabulary; top-p 0 and 1e-6; min-p 1 and above; draws of 0 and just below 1.
+Batch edge_batch(std::mt19937& rng) {
+  auto pick = [&](const auto& options) { return options[rng() % std::size(options)]; };
+  const int64_t vocabs[] = {1, 2, 3, 5, 17, 100, 513, 1000, 1025, 2049, 4096, 5000, 33000};
+  Batch b;
+  b.vocab = pick(vocabs);
+  b.rows = 1 + rng() % 8;
+  const auto n = static_cast<int32_t>(b.vocab);
+  const float temperatures[] = {1e-4f, 0.01f, 0.3f, 0.7f, 1.0f, 1.5f, 4.0f, 100.0f};
+  const int32_t top_ks[] = {0, 0, 1, 2, 5, 50, n - 1, n, 1 << 30};
+  const float top_ps[] = {1.0f, 1.0f, 0.0f, 1e-6f, 0.1f, 0.5f, 0.9f, 0.95f, 0.999f};
+  const float min_ps[] = {0.0f, 0.0f, 0.0f, 1e-6f, 0.01f, 0.1f, 0.5f, 0.999f, 1.0f, 2.0f};
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int64_t r = 0; r < b.rows; ++r) {
+    const int kind = static_cast<int>(rng() % 8);
+    std::normal_distribution<float> normal(0.0f, std::pow(10.0f, 3.0f * unit(rng) - 1.0f));
+    const float grid = static_cast<float>(1 << (rng() % 6));
+    for (int64_t i = 0; i < b.vocab; ++i) {
+      float x = normal(rng);
+      if (kind == 0) x = std::round(x * grid) / grid;  // ties
+      if (kind == 1 && rng() % 4 == 0) x = -kInf;      // masked
+      if (kind == 2 && rng() % 50 == 0) x = kNaN;
+      if (kind == 3 && i % 7 == 0) x = 3.0f;  // a tied top
+      if (kind == 4) x = 0.5f;                // all equal
+      if (kind == 5 && rng() % 100 == 0) x = kInf;
+      b.logits.push_back(x);
+    }
+    b.temperature.push_back(pick(temperatures));
+    b.top_k.push_back(pick(top_ks));
+    b.top_p.push_back(pick(top_ps));
+    b.min_p.push_back(pick(min_ps));
+    float u = unit(rng);
+    if (rng() % 10 == 0) u = 0.0f;
+    if (rng() % 10 == 0) u = std::nextafter(1.0f, 0.0f);
+    b.uniform.push_back(u);
+  }
+  return b;
+}
+
+TEST(BlockSampler, EdgeCasesMatchCpuTwin) {
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 100; ++i) {
+    const Batch b = edge_batch(rng);
+    const std::vector<int32_t> want = cpu_sample(b);
+    ASSERT_EQ(host_sample<KernelBlock>(b), want) << "batch " << i << ", vocab " << b.vocab;
+    ASSERT_EQ((host_sample<HostBlock<32, 1>>(b)), want) << "batch " << i << ", vocab " << b.vocab;
   }
 }
 
