@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -186,10 +185,5 @@ int run(int argc, char** argv) {
 }  // namespace pagellm::kernels::cuda
 
 int main(int argc, char** argv) {
-  try {
-    return pagellm::kernels::cuda::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  return pagellm::bench::bench_main(pagellm::kernels::cuda::run, argc, argv);
 }

@@ -1,11 +1,14 @@
 #pragma once
-// Helpers of the GPU benchmarks: the device's name, a device allocation freed on scope
-// exit, and the median time of a launch, each of many timed with CUDA events.
+// Helpers of the GPU benchmarks: their main(), the device's name, a device allocation
+// freed on scope exit, and the median time of a launch, each of many timed with CUDA
+// events.
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,6 +16,16 @@
 #include "kernels/cuda/check.h"
 
 namespace pagellm::bench {
+
+// A benchmark's main(): run(argc, argv), or 1 with the message of what it threw.
+inline int bench_main(int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
 
 // The name of device 0; throws when there is no CUDA device.
 inline std::string cuda_device_name() {

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -111,10 +110,5 @@ int run(int argc, char** argv) {
 }  // namespace pagellm::kernels::cuda
 
 int main(int argc, char** argv) {
-  try {
-    return pagellm::kernels::cuda::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  return pagellm::bench::bench_main(pagellm::kernels::cuda::run, argc, argv);
 }

@@ -262,8 +262,8 @@ int main(int argc, char** argv) try {
       batch.host_logits.assign(batch.logit_rows.size(), 0);  // the backend picks the tokens
       if (opt.sampling != "greedy") {
         for (engine::Sampler& sampler : samplers)
-          sampler.append_backend_row(batch);                      // as Engine::step fills the rows
-        if (opt.sampling == "top-p") batch.penalty_rows.clear();  // none, as the engine sends
+          sampler.append_backend_row(batch);  // as Engine::step fills the rows
+        engine::drop_unused_row_fields(batch);
       }
       model->forward(batch, out);
       if (opt.sampling == "penalized") {

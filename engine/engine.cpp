@@ -239,13 +239,9 @@ void Engine::step() {
   // backend makes with the request's own random number, after the penalties the backend
   // applies from the request's counts: its logits can stay on the device. Only the
   // others are sampled here.
-  bool backend_samples = false;
-  bool backend_penalizes = false;
   for (const scheduler::ScheduledSeq& s : batch.seqs) {
     if (!s.wants_logits) continue;
-    const scheduler::SamplingParams& p = s.seq->params;
-    Sampler& sampler = requests_.at(static_cast<uint64_t>(s.seq->id))->sampler;
-    if (wants_logprobs(p)) {
+    if (wants_logprobs(s.seq->params)) {
       const auto end = static_cast<int32_t>(batch_.penalty_tokens.size());
       batch_.host_logits.push_back(1);
       batch_.sampling.emplace_back();
@@ -253,12 +249,9 @@ void Engine::step() {
       continue;
     }
     batch_.host_logits.push_back(0);
-    sampler.append_backend_row(batch_);
-    backend_samples |= !p.greedy();
-    backend_penalizes |= sampler.has_penalties();
+    requests_.at(static_cast<uint64_t>(s.seq->id))->sampler.append_backend_row(batch_);
   }
-  if (!backend_samples) batch_.sampling.clear();
-  if (!backend_penalizes) batch_.penalty_rows.clear();
+  drop_unused_row_fields(batch_);
   backend_->forward(batch_, output_);
 
   const int64_t vocab = backend_->config().vocab_size;

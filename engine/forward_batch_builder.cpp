@@ -54,4 +54,12 @@ void build_forward_batch(std::span<const ScheduledChunk> chunks, const paging::K
   }
 }
 
+void drop_unused_row_fields(ForwardBatch& batch) {
+  if (std::none_of(batch.sampling.begin(), batch.sampling.end(),
+                   [](const RowSampling& row) { return row.temperature > 0.0f; })) {
+    batch.sampling.clear();
+  }
+  if (batch.penalty_tokens.empty()) batch.penalty_rows.clear();
+}
+
 }  // namespace pagellm::engine

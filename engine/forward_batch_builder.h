@@ -28,4 +28,9 @@ struct ScheduledChunk {
 void build_forward_batch(std::span<const ScheduledChunk> chunks, const paging::KVCacheManager& kv,
                          std::span<const paging::BlockCopy> copies, ForwardBatch& out);
 
+// Empties the per-row fields that would change nothing, so that the backend skips their
+// work: `sampling` when no row is drawn (temperature > 0), the penalty rows when no row
+// lists a token (apply_penalties changes listed logits only).
+void drop_unused_row_fields(ForwardBatch& batch);
+
 }  // namespace pagellm::engine

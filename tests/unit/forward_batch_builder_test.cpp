@@ -92,5 +92,25 @@ TEST(ForwardBatchBuilder, ClearsEveryFieldOfTheLastStep) {
   EXPECT_TRUE(b.penalty_tokens.empty());
 }
 
+// Sampling rows go only where one row is drawn, penalty rows only where one row lists a
+// token; otherwise the backend would do work that changes nothing.
+TEST(ForwardBatchBuilder, DropsRowFieldsThatChangeNothing) {
+  ForwardBatch b;
+  b.sampling.resize(3);  // temperature 0: every row's token is its argmax
+  b.penalty_rows = {{0, 0, 1.2f}, {0, 0}, {0, 0, 1.0f, 0.5f}};  // penalties, nothing listed yet
+  drop_unused_row_fields(b);
+  EXPECT_TRUE(b.sampling.empty());
+  EXPECT_TRUE(b.penalty_rows.empty());
+
+  b.sampling.resize(3);
+  b.sampling[1].temperature = 0.7f;
+  b.penalty_rows = {{0, 0}, {0, 1, 1.2f}, {1, 1}};
+  b.penalty_tokens = {{5, 1, 0.0f, 0}};
+  drop_unused_row_fields(b);
+  EXPECT_EQ(b.sampling.size(), 3u);
+  EXPECT_EQ(b.penalty_rows.size(), 3u);
+  EXPECT_EQ(b.penalty_tokens.size(), 1u);
+}
+
 }  // namespace
 }  // namespace pagellm::engine
