@@ -27,7 +27,7 @@
 //   each(f)                            f(t) for every thread t, the block in step before and after
 //   reduce_max(f), sum(f)              the largest f(t) (NaN skipped), the sum of f(t)
 //   scan(f, g)                         g(t, sum of f(s) for s < t) for every t; the sum of all
-//   B::atomic_add(p, v)                *p += v, returning the old value
+//   B::atomic_add(p, v)                *p += v on a 32-bit word, returning the old value
 //   B::scaled(x, inv_t), B::exp_diff(s, m), B::recip(t), B::quantize(x)
 //                                      x * inv_t; exp(s - m); 1 / t; x rounded to an integer
 // Control flow outside the functions passed to each/scan depends only on block-wide
@@ -92,8 +92,9 @@ PAGELLM_BLOCK_FN Tally operator+(const Tally& a, const Tally& b) {
 
 template <int kGather>
 struct Shared {
-  uint32_t count[kBins];  // the histogram
-  u64 mass[kBins];
+  uint32_t count[kBins];  // the histogram; masses as two 32-bit words (add_mass)
+  uint32_t mass_lo[kBins];
+  uint32_t mass_hi[kBins];
   u64 keys[kGather];  // the gathered tokens
   u64 masses[kGather];
   uint32_t gathered;
@@ -102,6 +103,22 @@ struct Shared {
   u64 found_key;  // the token where the bound is passed, ~0: none
   Tally found_through;
 };
+
+// Adds v to the mass of bin d with two 32-bit atomic adds, the low word's carry going
+// into the high word, so that the bin's total is exact once every thread has added.
+// (CUDA's 64-bit atomicAdd on shared memory is a compare-and-swap loop, which serializes
+// and retries when the threads of a warp add to one bin, as they do on flat rows.)
+template <class B, int kGather>
+PAGELLM_BLOCK_FN void add_mass(Shared<kGather>& sh, int d, u64 v) {
+  const uint32_t lo = static_cast<uint32_t>(v);
+  uint32_t hi = static_cast<uint32_t>(v >> 32);
+  if (lo != 0 && B::atomic_add(&sh.mass_lo[d], lo) + lo < lo) ++hi;  // wrapped: a carry
+  if (hi != 0) B::atomic_add(&sh.mass_hi[d], hi);
+}
+template <int kGather>
+PAGELLM_BLOCK_FN u64 mass_of(const Shared<kGather>& sh, int d) {
+  return static_cast<u64>(sh.mass_hi[d]) << 32 | sh.mass_lo[d];
+}
 
 PAGELLM_BLOCK_FN uint32_t float_bits(float w) {
 #if defined(__CUDACC__)
@@ -181,7 +198,8 @@ PAGELLM_BLOCK_FN Tally histogram(B& b, const RowInput& row, int match_shift, u64
   b.each([&](int t) {
     for (int j = t; j < kBins; j += B::kThreads) {
       sh.count[j] = 0;
-      sh.mass[j] = 0;
+      sh.mass_lo[j] = 0;
+      sh.mass_hi[j] = 0;
     }
   });
   const u64 digit_mask = (1ull << bits) - 1;
@@ -195,7 +213,7 @@ PAGELLM_BLOCK_FN Tally histogram(B& b, const RowInput& row, int match_shift, u64
       const int d = static_cast<int>((key >> shift) & digit_mask);
       const u64 q = B::quantize(w * row.mass_scale);
       B::atomic_add(&sh.count[d], 1u);
-      B::atomic_add(&sh.mass[d], q);
+      add_mass<B>(sh, d, q);
       local.count += 1;
       local.mass += q;
     });
@@ -219,7 +237,7 @@ PAGELLM_BLOCK_FN void find_crossing(B& b, const Tally& before, const Bound& boun
   b.each([&](int t) {
     if (t == 0) sh.cross_bin = -1;
   });
-  auto bin = [&](int j) { return Tally{sh.count[j], sh.mass[j]}; };
+  auto bin = [&](int j) { return Tally{sh.count[j], mass_of(sh, j)}; };
   b.scan(
       [&](int t) {
         Tally s{0, 0};

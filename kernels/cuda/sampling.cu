@@ -183,7 +183,6 @@ struct DeviceBlock {
   static __device__ __forceinline__ uint32_t atomic_add(uint32_t* p, uint32_t v) {
     return atomicAdd(p, v);
   }
-  static __device__ __forceinline__ u64 atomic_add(u64* p, u64 v) { return atomicAdd(p, v); }
   // The CPU twin's rounding: a float32 product and a float32 difference, never fused.
   static __device__ __forceinline__ float scaled(float x, float inv_t) {
     return __fmul_rn(x, inv_t);

@@ -78,11 +78,6 @@ struct HostBlock {
     *p += v;
     return old;
   }
-  static u64 atomic_add(u64* p, u64 v) {
-    const u64 old = *p;
-    *p += v;
-    return old;
-  }
   static float scaled(float x, float inv_t) { return x * inv_t; }
   // The CPU twin's weights, bit for bit: its exp, and NaN kept (as the device's expf keeps
   // it; exp_scalar alone would turn it into a large number).
@@ -121,6 +116,30 @@ TEST(BlockSampler, MassShiftKeepsARowBelow2To63) {
   }
   EXPECT_EQ(mass_shift(1), 62);
   EXPECT_EQ(mass_shift(128256), 46);
+}
+
+// A bin's mass is two 32-bit words: every carry out of the low word reaches the high one,
+// whatever the order of the adds.
+TEST(BlockSampler, MassCarriesFromTheLowWordIntoTheHighWord) {
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  KernelBlock b;
+  auto& sh = b.shared();
+  sh.mass_lo[7] = sh.mass_hi[7] = 0;
+  u64 want = 0;
+  for (const u64 v : {u64{0xFFFFFFFF}, u64{1}, u64{0}, u64{1} << 32, (u64{1} << 46) - 1,
+                      u64{0xFFFFFFFF}, u64{0x80000000}, u64{0x80000000}}) {
+    add_mass<KernelBlock>(sh, 7, v);
+    want += v;
+    ASSERT_EQ(mass_of(sh, 7), want) << "after adding " << v;
+  }
+  for (int i = 0; i < 100000; ++i) {
+    const u64 v = rng() >> 18;  // masses of a 128k vocabulary are below 2^46
+    add_mass<KernelBlock>(sh, 7, v);
+    want += v;
+  }
+  EXPECT_EQ(mass_of(sh, 7), want);
 }
 
 // With the twin's weights, the rows near a boundary agree as well: only the masses differ,
