@@ -139,8 +139,10 @@ int run(int argc, char** argv) {
   const double copy_gbps = bench::measure_cuda_copy_bandwidth();
   std::printf("device: %s\ndevice-to-device copy (1 GiB, read + write): %.0f GB/s\n",
               device.c_str(), copy_gbps);
-  std::printf("decode attention: %d query / %d KV heads of %d, bf16 cache, bf16 out\n", kQHeads,
-              kKVHeads, kHeadDim);
+  std::printf(
+      "decode attention: %d query / %d KV heads of %d, bf16 cache, bf16 out, on %s\n", kQHeads,
+      kKVHeads, kHeadDim,
+      paged_attention_decode_tensor_cores(kCache, kHeadDim) ? "tensor cores" : "CUDA cores");
   std::printf("%-14s %9s %10s %12s %10s %10s\n", "batch x ctx", "partition", "us", "MB read",
               "GB/s", "% copy");
   std::vector<Result> results;

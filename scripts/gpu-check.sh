@@ -111,27 +111,33 @@ if [[ -z "$bin" ]]; then
 fi
 
 # The CUDA test programs at once (they share the GPU; their CPU references share the
-# cores), each under its own time limit.
+# cores), each under its own time limit. The attention tests run twice: decode on tensor
+# cores (the default) and on CUDA cores.
 say "CUDA tests"
+runs=("${tests[@]}" "cuda_attention_test PAGELLM_DECODE_MMA=0")
 export OMP_NUM_THREADS=$(($(nproc) / 4 > 0 ? $(nproc) / 4 : 1))
-for t in "${tests[@]}"; do
-  (timeout 150 "$bin/tests/$t" --gtest_color=no >"/tmp/pagellm-$t.log" 2>&1
-    echo "exit status $?" >>"/tmp/pagellm-$t.log") &
+for run in "${runs[@]}"; do
+  read -r t setting <<<"$run"
+  log=/tmp/pagellm-$t${setting:+-cuda-cores}.log
+  (env $setting timeout 150 "$bin/tests/$t" --gtest_color=no >"$log" 2>&1
+    echo "exit status $?" >>"$log") &
 done
 wait
 unset OMP_NUM_THREADS
 tests_status=0
 : >"$out/tests.log"
 : >"$out/tests-summary.txt"
-for t in "${tests[@]}"; do
-  log=/tmp/pagellm-$t.log
+for run in "${runs[@]}"; do
+  read -r t setting <<<"$run"
+  log=/tmp/pagellm-$t${setting:+-cuda-cores}.log
+  t=$t${setting:+ ($setting)}
   { echo "===== $t"; cat "$log"; } >>"$out/tests.log"
   passed=$(grep -oE "^\[  PASSED  \] [0-9]+" "$log" | grep -oE "[0-9]+$" || echo 0)
   skipped=$(grep -oE "^\[  SKIPPED \] [0-9]+ test" "$log" | grep -oE "[0-9]+" || echo 0)
   failed=$(grep -oE "^\[  FAILED  \] [0-9]+ test" "$log" | grep -oE "[0-9]+" || echo 0)
   status=$(tail -1 "$log")
   [[ "$status" == "exit status 0" ]] || tests_status=1
-  printf "%-22s passed %3s  skipped %3s  failed %3s  (%s)\n" "$t" "$passed" "$skipped" \
+  printf "%-44s passed %3s  skipped %3s  failed %3s  (%s)\n" "$t" "$passed" "$skipped" \
     "$failed" "$status" | tee -a "$out/tests-summary.txt"
   grep -E "^\[  FAILED  \] [A-Za-z]" "$log" | sort -u | head -20
 done

@@ -11,13 +11,19 @@
 //      the GPU otherwise (decode_partition_tokens). The block reads its partition's K
 //      and V for one KV head once, for all G query heads (padded to GP = 4, 8 or 16 with
 //      zero queries). Tiles of 64 tokens are copied to shared memory with 16-byte
-//      cp.async (coalesced: consecutive threads copy consecutive 16 bytes of a row), two
-//      stages: K tiles, then V tiles, through the same ring, so the first V tile is in
-//      flight while the softmax runs. Block ids of the partition are read into shared
-//      memory first. Scores for the whole partition stay in shared memory
+//      cp.async (coalesced: consecutive threads copy consecutive 16 bytes of a row), in a
+//      ring of two stages: K tiles, then V tiles, through the same ring, so the first V
+//      tile is in flight while the softmax runs. Block ids of the partition
+//      are read into shared memory first. Scores for the whole partition stay in shared memory
 //      ([partition][GP] floats): Q.K, then max and sum over the partition, then P.V; no
 //      rescaling inside a partition. Writes the partition's unnormalized output, max and
 //      sum (float32) to the workspace.
+//      For 16-bit caches at head_dim 64, 128 and 256, decode_mma_kernel takes its place
+//      (same grid, partitions and workspace): Q.K and P.V on tensor cores, with q and p
+//      split into 16-bit pieces so that no precision is lost (PAGELLM_DECODE_MMA=0 keeps
+//      the CUDA-core kernel, for comparison). On an H200 it reads the cache at 77% of
+//      the copy bandwidth at 16 sequences of 4k tokens and 91% at 256 of 2k, against
+//      68% and 81% for the CUDA-core kernel.
 //   2. decode_merge_kernel, grid (q head, sequence): log-sum-exp merge of the partitions,
 //      writes `out` in out_dtype.
 // General (any q_len), general_attention_kernel<head_dim>, grid (kv head, query tile,
@@ -42,9 +48,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels.h"
@@ -183,12 +191,18 @@ __device__ __forceinline__ float4 fma4(float a, float4 b, float4 c) {
 // Decode: partition kernel.
 
 constexpr int kDecodeThreads = 128;
-// Blocks per SM the registers must allow (at most 102 registers a thread). At head_dim
-// 128, bf16, G <= 4 a block takes 42.3 KB of shared memory, so 5 blocks fit in an
-// H100/H200 SM (228 KB): 20 warps and 5 x 16 KB of loads in flight per SM.
-constexpr int kDecodeMinBlocks = 5;
-constexpr int kDecodeTile = 64;  // tokens per staged tile (4 KV blocks)
+// Ring stages. The kernel is written for S stages, loaded S - 1 tiles ahead; 3 read the
+// cache more slowly than 2 on an H200 (60% against 68% of the copy bandwidth at 16
+// sequences of 4k tokens), since fewer blocks fit in an SM.
 constexpr int kDecodeStages = 2;
+// Blocks per SM the registers must allow. With 2 stages, at head_dim 128, bf16, G <= 4,
+// a block takes 42.3 KB of shared memory, so 5 blocks fit in an H100/H200 SM (228 KB):
+// 20 warps and 5 x 16 KB of loads in flight per SM (at most 102 registers a thread).
+// With 3 stages it takes 58.3 KB: 3 blocks, each with 2 tiles in flight.
+constexpr int decode_min_blocks(int stages) {
+  return stages == 2 ? 5 : 3;
+}
+constexpr int kDecodeTile = 64;  // tokens per staged tile (4 KV blocks)
 constexpr int kMaxBlocksPerPartition = kDecodeMaxPartitionTokens / kBlockSize;  // 32
 // Q.K: kQkLanes threads share a token (each takes every kQkLanes-th 16-byte vector of the
 // row), and each thread takes kQkTokens tokens of a tile.
@@ -203,7 +217,7 @@ constexpr int kPvElems = 8;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 
 // Shared memory of the partition kernel, in bytes (all offsets multiples of 16):
-//   ring    kDecodeStages tiles of kDecodeTile rows (reused at the end for the P.V
+//   ring    S tiles of kDecodeTile rows (reused at the end for the P.V
 //           partial sums, [tsn][GP][head_dim] floats = 128 * 32 floats)
 //   scores  [512][GP] floats (scores, then exp(score - max)), for the longest partition
 //   q       [GP][head_dim] floats
@@ -212,9 +226,10 @@ constexpr int kDecodeWarps = kDecodeThreads / 32;
 struct DecodeLayout {
   int scores, q, bt, red, total;
 };
-__host__ __device__ inline DecodeLayout decode_layout(int gp, int head_dim, int row_bytes) {
+__host__ __device__ inline DecodeLayout decode_layout(int stages, int gp, int head_dim,
+                                                      int row_bytes) {
   DecodeLayout l;
-  const int ring = kDecodeStages * kDecodeTile * row_bytes;
+  const int ring = stages * kDecodeTile * row_bytes;
   const int reduce = kDecodeThreads * kPvHeads * kPvElems * 4;
   l.scores = ring > reduce ? ring : reduce;
   l.q = l.scores + kDecodeMaxPartitionTokens * gp * 4;
@@ -251,8 +266,8 @@ struct DecodeParams {
   float* ws_sum;  // [num_seqs, num_q_heads, num_parts]
 };
 
-template <typename T, int GP>
-__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
+template <typename T, int GP, int S>
+__global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(S))
     decode_partition_kernel(const DecodeParams p) {
   using Vec = CacheVec<T>;
   constexpr int kVec = Vec::kElems;  // values per 16 bytes
@@ -275,7 +290,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
 
   const int D = p.head_dim, rv = p.row_vecs;
   const int tile_bytes = kDecodeTile * rv * 16;
-  const DecodeLayout lay = decode_layout(GP, D, rv * 16);
+  const DecodeLayout lay = decode_layout(S, GP, D, rv * 16);
   char* const ring = smem;
   float* const scores = reinterpret_cast<float*>(smem + lay.scores);  // [512][GP]
   float* const qs = reinterpret_cast<float*>(smem + lay.q);           // [GP][D]
@@ -306,46 +321,57 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   __syncthreads();
 
   // Load number `load` of the partition: K tiles 0..ntiles-1, then V tiles; into ring
-  // stage load % kDecodeStages. Thread c copies vectors c, c + 128, ... of the tile.
+  // stage load % S. The tile's 64 rows x rv vectors are copied by the 128 threads with
+  // consecutive threads on consecutive vectors: thread tid always copies vector
+  // tid % rv, of rows tid / rv, + 128 / rv, ...
+  const int nloads = 2 * ntiles;
   const int64_t slot_vecs = static_cast<int64_t>(p.num_kv_heads) * rv;  // per token slot
+  const int my_vec = tid & (rv - 1);
+  const int my_row = tid >> p.row_vecs_shift, row_step = kDecodeThreads >> p.row_vecs_shift;
+  const int64_t my_col = static_cast<int64_t>(kvh) * rv + my_vec;
   auto issue = [&](int load) {
     const bool is_v = load >= ntiles;
     const int tile = tile_first + (is_v ? load - ntiles : load);
-    const uint4* const base = is_v ? p.v : p.k;
-    char* const dst = ring + (load % kDecodeStages) * tile_bytes;
+    const uint4* const base = (is_v ? p.v : p.k) + my_col;
+    char* const dst = ring + (load % S) * tile_bytes;
+    const int t0 = tile * kDecodeTile;
+    const bool full = t0 >= v0 && t0 + kDecodeTile <= v1;
 #pragma unroll 1
-    for (int c = tid; c < kDecodeTile * rv; c += kDecodeThreads) {
-      const int row = c >> p.row_vecs_shift;
-      const int vec = c & (rv - 1);
-      const int lt = tile * kDecodeTile + row;  // partition-local token
-      const bool valid = lt >= v0 && lt < v1;
+    for (int row = my_row; row < kDecodeTile; row += row_step) {
+      const int lt = t0 + row;  // partition-local token
+      const bool valid = full || (lt >= v0 && lt < v1);
       const uint4* src = base;
-      if (valid) {
-        const int64_t slot =
-            static_cast<int64_t>(bt[lt / kBlockSize]) * kBlockSize + lt % kBlockSize;
-        src = base + slot * slot_vecs + static_cast<int64_t>(kvh) * rv + vec;
-      }
-      cp_async16(dst + (row * rv + (vec ^ swizzle(row, rv))) * 16, src, valid);
+      if (valid)
+        src += (static_cast<int64_t>(bt[lt / kBlockSize]) * kBlockSize + (lt & (kBlockSize - 1))) *
+               slot_vecs;
+      cp_async16(dst + (row * rv + (my_vec ^ swizzle(row, rv))) * 16, src, valid);
     }
     cp_async_commit();
   };
+  // Load `load` if there is one, else an empty group (so that "all but S - 1 groups
+  // done" always means the load S - 1 issues back has landed).
+  auto issue_or_commit = [&](int load) {
+    if (load < nloads)
+      issue(load);
+    else
+      cp_async_commit();
+  };
 
   // Loads 0 .. ntiles-1 are the K tiles, ntiles .. 2 ntiles-1 the V tiles; load L goes
-  // to ring stage L % 2 and is issued one iteration before it is used. Each iteration
-  // commits one group (empty at the end), so wait_group 1 means "load L has landed".
-  const int nloads = 2 * ntiles;
-  issue(0);
+  // to ring stage L % S and is issued S - 1 iterations before it is used.
+#pragma unroll
+  for (int l = 0; l < S - 1; ++l)
+    issue_or_commit(l);
 
   // ---- Q.K, tile by tile: thread (tp, dp) takes tokens tp and tp + 32 of the tile and
   // vectors dp, dp + 4, ... of their rows; the 4 partial dots are summed by shuffles.
   {
     const int dp = tid % kQkLanes, tp = tid / kQkLanes;
     for (int load = 0; load < ntiles; ++load) {
-      issue(load + 1);  // the next K tile, or the first V tile
-      cp_async_wait<1>();
+      issue_or_commit(load + S - 1);  // a later K tile, or a V tile
+      cp_async_wait<S - 1>();
       __syncthreads();
-      const uint4* const st =
-          reinterpret_cast<const uint4*>(ring + (load % kDecodeStages) * tile_bytes);
+      const uint4* const st = reinterpret_cast<const uint4*>(ring + (load % S) * tile_bytes);
       float s[kQkTokens][GP];
 #pragma unroll
       for (int n = 0; n < kQkTokens; ++n)
@@ -463,14 +489,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
   for (int i = 0; i < kPvHeads * kPvElems; ++i)
     acc[i] = 0.f;
   for (int load = ntiles; load < nloads; ++load) {
-    if (load + 1 < nloads)
-      issue(load + 1);
-    else
-      cp_async_commit();  // empty group: the wait below stays "all but one"
-    cp_async_wait<1>();
+    issue_or_commit(load + S - 1);
+    cp_async_wait<S - 1>();
     __syncthreads();
-    const uint4* const st =
-        reinterpret_cast<const uint4*>(ring + (load % kDecodeStages) * tile_bytes);
+    const uint4* const st = reinterpret_cast<const uint4*>(ring + (load % S) * tile_bytes);
     const int tile = tile_first + load - ntiles;
     constexpr int kVecsPerUnit = kPvElems / kVec;  // 1 (16-bit) or 2 (f32)
 #pragma unroll 1
@@ -517,6 +539,391 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks)
       sum += red_acc[t * GP * D + idx];
     const int g = idx / D, d = idx - g * D;
     p.ws_out[((row0 + g) * p.num_parts + part) * D + d] = sum;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Decode on tensor cores: decode_mma_kernel, for 16-bit caches at head_dim 64, 128 or 256.
+//
+// Same grid, partitions, workspace and results as decode_partition_kernel; only how the
+// products are computed differs. Q.K and P.V are mma.sync m16n8k16 with float32
+// accumulators, the 16 rows being the G query heads of the KV head (rows G..15 are zero).
+// K and V are exact operands. q and p are float32, so each is split into three 16-bit
+// pieces, x = x1 + x2 + x3 (x1 = round(x), x2 = round(x - x1), x3 = round(x - x1 - x2)),
+// which hold all 24 bits of a float32 significand, and each piece is multiplied in turn:
+// every product is exact and the sums are the tensor cores' float32 accumulations (their
+// order and rounding are the hardware's, fixed for a shape: results still do not depend
+// on the batch). For an f16
+// cache, q is scaled by a power of two so that its largest value sits at 2^13 (a float16
+// holds up to 65504) and p by 2^14; the exact inverse scalings are applied to the sums.
+//
+// Block: 4 warps. A K tile (64 tokens) is scored by warp w on tokens 16w..16w+15 over the
+// whole head_dim; a V tile is summed by warp w into elements [w D/4, (w+1) D/4) over all
+// 64 tokens, so no partial sums are combined across warps. Tiles go through a ring of
+// S stages in shared memory, loaded S - 1 tiles ahead (K tiles, then V
+// tiles); rows are stored with their 16-byte vectors XOR-swizzled by (row % 8) so that
+// ldmatrix reads 8 rows of one column without bank conflicts.
+
+constexpr int kMmaThreads = 128;
+constexpr int kMmaWarps = kMmaThreads / 32;
+// Ring stages: 2. The kernel is written for S, and the simulation
+// (scripts/decode-mma-sim.py) checks 2, 3 and 4; on an H200, 2 read the cache fastest at
+// every shape measured (at 16 sequences of 4k tokens, 77%, 75% and 68% of the copy
+// bandwidth with 2, 3 and 4), since more blocks fit in an SM.
+constexpr int kMmaStages = 2;
+// Blocks per SM the registers must allow: at head_dim 128, G <= 4, a block takes 48, 64
+// or 81 KB of shared memory with 2, 3 or 4 stages.
+constexpr int mma_min_blocks(int stages) {
+  return stages == 2 ? 4 : (stages == 3 ? 3 : 2);
+}
+constexpr int kMmaRows = 16;  // m of the mma: query heads, padded
+constexpr int kMmaQPad = 8;   // 16-bit elements after each q row: rows 16 bytes apart mod 128
+constexpr int kMmaScoreStride = kDecodeMaxPartitionTokens + 8;  // floats per head of scores
+constexpr int kMmaPieces = 3;                                   // 16-bit pieces of a float32
+
+// Shared memory of the tensor-core kernel, in bytes (all offsets multiples of 16):
+//   ring    S tiles of kDecodeTile rows x head_dim 16-bit values
+//   q       [kMmaPieces][16][head_dim + kMmaQPad] 16-bit pieces of q
+//   scores  [G][kMmaScoreStride] floats (scores, then exp(score - max))
+//   bt      [32] block ids
+struct MmaLayout {
+  int q, scores, bt, total;
+};
+__host__ __device__ inline MmaLayout mma_layout(int stages, int head_dim, int group) {
+  MmaLayout l;
+  l.q = stages * kDecodeTile * head_dim * 2;
+  l.scores = l.q + kMmaPieces * kMmaRows * (head_dim + kMmaQPad) * 2;
+  l.bt = l.scores + group * kMmaScoreStride * 4;
+  l.total = l.bt + kMaxBlocksPerPartition * 4;
+  return l;
+}
+
+// The 16-bit type of a cache (bf16 or f16) and its mma.
+template <typename T>
+struct MmaType {
+  static constexpr bool kHalf = std::is_same_v<T, __half>;
+  static constexpr bool kScaled = kHalf;  // bfloat16 has float32's exponent range
+  __device__ __forceinline__ static float unscale(float x, int e) {
+    return kScaled ? ldexpf(x, e) : x;
+  }
+  // (lo, hi) rounded to T, packed lo in the low half; `rounded` gets them back as float32.
+  __device__ __forceinline__ static unsigned pack(float lo, float hi, float2& rounded) {
+    unsigned u;
+    if constexpr (kHalf) {
+      const __half2 h = __floats2half2_rn(lo, hi);
+      rounded = __half22float2(h);
+      memcpy(&u, &h, 4);
+    } else {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+      rounded = __bfloat1622float2(h);
+      memcpy(&u, &h, 4);
+    }
+    return u;
+  }
+  // d += a b: a 16 x 16 (row), b 16 x 8 (col), float32 accumulators.
+  __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                             unsigned b1) {
+    if constexpr (kHalf) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+  }
+};
+
+// The kMmaPieces 16-bit pieces of the float32 pair (x, y), each packed x in the low half.
+template <typename T>
+__device__ __forceinline__ void split_pair(float x, float y, unsigned (&pieces)[kMmaPieces]) {
+#pragma unroll
+  for (int i = 0; i < kMmaPieces; ++i) {
+    float2 r;
+    pieces[i] = MmaType<T>::pack(x, y, r);
+    x -= r.x;  // exact: the rounding error of a 16-bit rounding is a float32
+    y -= r.y;
+  }
+}
+
+// Four 8x8 matrices of 16-bit values from shared memory: lanes 8i..8i+7 give the row
+// addresses of matrix i, which lands in r[i] (lane l holds row l / 4, columns 2 (l % 4) and
+// 2 (l % 4) + 1); with .trans, lane l holds column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+template <typename T, int D, int S>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
+    decode_mma_kernel(const DecodeParams p) {
+  using M = MmaType<T>;
+  constexpr int kRowVecs = D / 8;  // 16-byte vectors per row
+  constexpr int kRowVecsShift = D == 64 ? 3 : (D == 128 ? 4 : 5);
+  static_assert(kRowVecs == 1 << kRowVecsShift);
+  constexpr int kTileBytes = kDecodeTile * D * 2;
+  constexpr int kQStride = D + kMmaQPad;                // 16-bit elements per q row
+  constexpr int kWarpDims = D / kMmaWarps;              // P.V: elements of head_dim per warp
+  constexpr int kWarpNTiles = kWarpDims / 8;            // P.V: n8 tiles per warp (2, 4 or 8)
+  constexpr int kCopyRowStep = kMmaThreads / kRowVecs;  // rows one pass of the copy covers
+  extern __shared__ uint4 smem_vec[];
+  char* const smem = reinterpret_cast<char*>(smem_vec);
+
+  const int kvh = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int gid = lane / 4, tig = lane % 4;  // mma fragment coordinates
+  const int ctx = p.context_lens[seq];
+  const int part_begin = part * p.part_tokens;
+  if (part_begin >= ctx) return;  // past the context (also context_len 0)
+  const int lo = p.window > 0 ? max(0, ctx - p.window) : 0;
+  if (part_begin + p.part_tokens <= lo) return;  // wholly before the window
+  const int v0 = max(lo - part_begin, 0);
+  const int v1 = min(ctx - part_begin, p.part_tokens);
+  const int tile_first = v0 / kDecodeTile;
+  const int ntiles = (v1 - 1) / kDecodeTile - tile_first + 1;
+  const int G = p.group;
+
+  const MmaLayout lay = mma_layout(S, D, G);
+  char* const ring = smem;
+  T* const qs = reinterpret_cast<T*>(smem + lay.q);                   // [3][16][kQStride]
+  float* const scores = reinterpret_cast<float*>(smem + lay.scores);  // [G][kMmaScoreStride]
+  int* const bt = reinterpret_cast<int*>(smem + lay.bt);              // [32]
+
+  const int part_blocks = p.part_tokens / kBlockSize;
+  if (tid < part_blocks) {
+    const int b = part * part_blocks + tid;
+    int id = -1;
+    if (b < p.max_blocks_per_seq && b * kBlockSize < ctx && (b + 1) * kBlockSize > lo)
+      id = p.block_tables[static_cast<int64_t>(seq) * p.max_blocks_per_seq + b];
+    bt[tid] = id;
+  }
+
+  // Loads: K tiles 0..ntiles-1, then V tiles, load L into ring stage L % S.
+  // Thread tid copies vector tid % kRowVecs of rows tid / kRowVecs, + kCopyRowStep, ...
+  const int nloads = 2 * ntiles;
+  const int64_t slot_vecs = static_cast<int64_t>(p.num_kv_heads) * kRowVecs;
+  const int my_vec = tid % kRowVecs, my_row = tid / kRowVecs;
+  const int64_t my_col = static_cast<int64_t>(kvh) * kRowVecs + my_vec;
+  auto issue_or_commit = [&](int load) {
+    if (load < nloads) {
+      const bool is_v = load >= ntiles;
+      const int t0 = (tile_first + (is_v ? load - ntiles : load)) * kDecodeTile;
+      const uint4* const base = (is_v ? p.v : p.k) + my_col;
+      char* const dst = ring + (load % S) * kTileBytes;
+      const bool full = t0 >= v0 && t0 + kDecodeTile <= v1;
+#pragma unroll
+      for (int i = 0; i < kDecodeTile / kCopyRowStep; ++i) {
+        const int row = my_row + i * kCopyRowStep;
+        const int lt = t0 + row;  // partition-local token
+        const bool valid = full || (lt >= v0 && lt < v1);
+        const uint4* src = base;
+        if (valid)
+          src += (static_cast<int64_t>(bt[lt / kBlockSize]) * kBlockSize + lt % kBlockSize) *
+                 slot_vecs;
+        cp_async16(dst + (row * kRowVecs + (my_vec ^ (row & 7))) * 16, src, valid);
+      }
+    }
+    cp_async_commit();  // possibly empty: "all but S - 1 groups done" means load L landed
+  };
+
+  // q of the G heads in 16-bit pieces (rows G..15 zero), scaled by 2^-q_exp.
+  int q_exp = 0;
+  {
+    const float* const qg =
+        p.q + (static_cast<int64_t>(seq) * p.num_q_heads + static_cast<int64_t>(kvh) * G) * D;
+    if constexpr (M::kScaled) {
+      float amax = 0.f;
+      for (int i = tid; i < G * D; i += kMmaThreads)
+        amax = fmaxf(amax, fabsf(qg[i]));
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
+      float* const red = scores;  // free until the first tile is scored
+      if (lane == 0) red[warp] = amax;
+      __syncthreads();
+      amax = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+      __syncthreads();
+      // The largest |q| lands in [2^13, 2^14); zero, inf and NaN are left unscaled.
+      if (amax > 0.f && isfinite(amax)) q_exp = ilogbf(amax) - 13;
+    }
+    for (int i = 2 * tid; i < kMmaRows * D; i += 2 * kMmaThreads) {  // i = row * D + d
+      const int r = i / D, d = i % D;
+      float2 x = make_float2(0.f, 0.f);
+      if (r < G) x = *reinterpret_cast<const float2*>(qg + i);
+      unsigned pc[kMmaPieces];
+      if constexpr (M::kScaled) x = make_float2(ldexpf(x.x, -q_exp), ldexpf(x.y, -q_exp));
+      split_pair<T>(x.x, x.y, pc);
+#pragma unroll
+      for (int k = 0; k < kMmaPieces; ++k)
+        *reinterpret_cast<unsigned*>(qs + (k * kMmaRows + r) * kQStride + d) = pc[k];
+    }
+  }
+
+  __syncthreads();  // bt is written (the q pieces are read after the next barrier)
+#pragma unroll
+  for (int l = 0; l < S - 1; ++l)
+    issue_or_commit(l);
+
+  // ---- Q.K: warp w scores tokens 16w .. 16w+15 of each K tile (two n8 tiles).
+  for (int load = 0; load < ntiles; ++load) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // load `load` is in for every thread; the previous stage is free
+    issue_or_commit(load + S - 1);
+    const char* const st = ring + (load % S) * kTileBytes;
+    float acc[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks += 2) {
+      // K as the B operand of k-steps ks and ks + 1: lane l addresses token
+      // 16w + 8j + l % 8, elements 16 ks + 8 (l / 8) .. + 7.
+      unsigned kb[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = 16 * warp + 8 * j + (lane & 7);
+        const int vec = 2 * ks + (lane >> 3);
+        ldmatrix_x4(kb[j], st + (row * kRowVecs + (vec ^ (row & 7))) * 16);
+      }
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+        for (int k = 0; k < kMmaPieces; ++k) {
+          // q piece k as the A operand: lane l addresses head l % 8 + 8 ((l / 8) % 2),
+          // elements 16 (ks + kk) + 8 (l / 16) .. + 7.
+          unsigned a[4];
+          ldmatrix_x4(a, qs + (k * kMmaRows + (lane & 7) + ((lane >> 3) & 1) * 8) * kQStride +
+                             16 * (ks + kk) + 8 * (lane >> 4));
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            M::mma(acc[j], a, kb[j][2 * kk], kb[j][2 * kk + 1]);
+        }
+      }
+    }
+    // acc[j][2h + e]: head gid + 8h, token 16w + 8j + 2 tig + e of the tile.
+    const int t0 = (tile_first + load) * kDecodeTile + 16 * warp + 2 * tig;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int lt = t0 + 8 * j;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int head = gid + 8 * h;
+        if (head < G) {
+          float2 s;
+          s.x = lt >= v0 && lt < v1 ? __fmul_rn(M::unscale(acc[j][2 * h], q_exp), p.scale)
+                                    : -INFINITY;
+          s.y = lt + 1 >= v0 && lt + 1 < v1
+                    ? __fmul_rn(M::unscale(acc[j][2 * h + 1], q_exp), p.scale)
+                    : -INFINITY;
+          *reinterpret_cast<float2*>(scores + head * kMmaScoreStride + lt) = s;
+        }
+      }
+    }
+  }
+  __syncthreads();  // every score is written
+
+  // ---- Softmax over the partition: warp w takes heads w, w + 4, ...; lanes stride over
+  // the tokens and combine by a butterfly. Scores become exp(score - max) in place.
+  {
+    const int s_begin = tile_first * kDecodeTile, s_end = s_begin + ntiles * kDecodeTile;
+    const int64_t row0 = static_cast<int64_t>(seq) * p.num_q_heads + static_cast<int64_t>(kvh) * G;
+    for (int g = warp; g < G; g += kMmaWarps) {
+      float* const sc = scores + g * kMmaScoreStride;
+      float m = -INFINITY;
+      for (int t = s_begin + lane; t < s_end; t += 32)
+        m = fmaxf(m, sc[t]);
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(kFullMask, m, off));
+      // m is finite: the partition holds at least one valid token.
+      float sum = 0.f;
+      for (int t = s_begin + lane; t < s_end; t += 32) {
+        const float e = expf(sc[t] - m);
+        sc[t] = e;
+        sum += e;
+      }
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1)
+        sum += __shfl_xor_sync(kFullMask, sum, off);
+      if (lane == 0) {
+        p.ws_max[(row0 + g) * p.num_parts + part] = m;
+        p.ws_sum[(row0 + g) * p.num_parts + part] = sum;
+      }
+    }
+    // The first V tile's barrier below orders these writes before their reads.
+  }
+
+  // ---- P.V: warp w sums elements [w D/4, (w+1) D/4) of head_dim over each V tile.
+  constexpr float kPScale = M::kScaled ? 16384.f : 1.f;  // p in [0, 1] -> [0, 2^14]
+  float o[kWarpNTiles][4] = {};
+  for (int load = ntiles; load < nloads; ++load) {
+    cp_async_wait<S - 2>();
+    __syncthreads();
+    issue_or_commit(load + S - 1);
+    const char* const st = ring + (load % S) * kTileBytes;
+    const int tile_t0 = (tile_first + load - ntiles) * kDecodeTile;
+#pragma unroll
+    for (int kt = 0; kt < kDecodeTile / 16; ++kt) {
+      // p as the A operand: a[h + 2c] holds head gid + 8h, tokens 16 kt + 8c + 2 tig, + 1.
+      unsigned a[kMmaPieces][4];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int head = gid + 8 * h;
+          float2 pr = make_float2(0.f, 0.f);
+          if (head < G)
+            pr = *reinterpret_cast<const float2*>(scores + head * kMmaScoreStride + tile_t0 +
+                                                  16 * kt + 8 * c + 2 * tig);
+          unsigned pc[kMmaPieces];
+          split_pair<T>(pr.x * kPScale, pr.y * kPScale, pc);
+#pragma unroll
+          for (int k = 0; k < kMmaPieces; ++k)
+            a[k][h + 2 * c] = pc[k];
+        }
+      }
+      // V as the B operand of two n8 tiles at a time: lane l addresses token
+      // 16 kt + 8 ((l / 8) % 2) + l % 8, elements n0 + 8 (l / 16) .. + 7.
+#pragma unroll
+      for (int nt = 0; nt < kWarpNTiles; nt += 2) {
+        const int row = 16 * kt + ((lane >> 3) & 1) * 8 + (lane & 7);
+        const int vec = (kWarpDims * warp + 8 * nt) / 8 + (lane >> 4);
+        unsigned vb[4];
+        ldmatrix_x4_trans(vb, st + (row * kRowVecs + (vec ^ (row & 7))) * 16);
+#pragma unroll
+        for (int k = 0; k < kMmaPieces; ++k) {
+          M::mma(o[nt], a[k], vb[0], vb[1]);
+          M::mma(o[nt + 1], a[k], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can remain
+
+  // o[nt][2h + e]: head gid + 8h, element kWarpDims w + 8 nt + 2 tig + e.
+  const int64_t row0 = static_cast<int64_t>(seq) * p.num_q_heads + static_cast<int64_t>(kvh) * G;
+#pragma unroll
+  for (int nt = 0; nt < kWarpNTiles; ++nt) {
+    const int d = kWarpDims * warp + 8 * nt + 2 * tig;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int head = gid + 8 * h;
+      if (head < G)
+        *reinterpret_cast<float2*>(p.ws_out + ((row0 + head) * p.num_parts + part) * D + d) =
+            make_float2(o[nt][2 * h] / kPScale, o[nt][2 * h + 1] / kPScale);
+    }
   }
 }
 
@@ -995,15 +1402,60 @@ int64_t decode_parts(int32_t max_context, int part_tokens) {
   return max_context > 0 ? (static_cast<int64_t>(max_context) + part_tokens - 1) / part_tokens : 0;
 }
 
-template <typename T, int GP>
-void launch_decode_partitions(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  const int smem = decode_layout(GP, p.head_dim, p.row_vecs * 16).total;
-  auto* kernel = decode_partition_kernel<T, GP>;
+template <typename T, int GP, int S>
+void launch_decode_partitions_s(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  const int smem = decode_layout(S, GP, p.head_dim, p.row_vecs * 16).total;
+  auto* kernel = decode_partition_kernel<T, GP, S>;
   if (smem > 48 * 1024)
     PAGELLM_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<grid, kDecodeThreads, smem, stream>>>(p);
   PAGELLM_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int GP>
+void launch_decode_partitions(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  launch_decode_partitions_s<T, GP, kDecodeStages>(p, grid, stream);
+}
+
+// Whether decode runs on tensor cores where the shape allows it (PAGELLM_DECODE_MMA=0:
+// never, for comparison).
+bool decode_mma_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("PAGELLM_DECODE_MMA");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+bool decode_mma_shape(DType cache_dtype, int head_dim) {
+  return (cache_dtype == DType::kBF16 || cache_dtype == DType::kF16) &&
+         (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+template <typename T, int D, int S>
+void launch_decode_mma_s(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  const int smem = mma_layout(S, D, p.group).total;
+  auto* kernel = decode_mma_kernel<T, D, S>;
+  if (smem > 48 * 1024)
+    PAGELLM_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<grid, kMmaThreads, smem, stream>>>(p);
+  PAGELLM_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int D>
+void launch_decode_mma_d(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  launch_decode_mma_s<T, D, kMmaStages>(p, grid, stream);
+}
+
+template <typename T>
+void launch_decode_mma(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.head_dim == 64)
+    launch_decode_mma_d<T, 64>(p, grid, stream);
+  else if (p.head_dim == 128)
+    launch_decode_mma_d<T, 128>(p, grid, stream);
+  else
+    launch_decode_mma_d<T, 256>(p, grid, stream);
 }
 
 template <typename T>
@@ -1050,6 +1502,10 @@ int general_rows(int head_dim) {
 
 }  // namespace
 
+bool paged_attention_decode_tensor_cores(DType cache_dtype, int head_dim) {
+  return decode_mma_enabled() && decode_mma_shape(cache_dtype, head_dim);
+}
+
 bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads) {
   return supported_head_dim(head_dim) && num_kv_heads > 0 && num_q_heads > 0 &&
          num_q_heads % num_kv_heads == 0 && num_q_heads / num_kv_heads <= kMaxGroup;
@@ -1063,11 +1519,15 @@ size_t paged_attention_shared_bytes(int head_dim, int num_q_heads, int num_kv_he
                                 " query and " + std::to_string(num_kv_heads) +
                                 " KV heads is not a shape the kernels take");
   const int row_bytes = head_dim * static_cast<int>(dtype_size(cache_dtype));
-  const int decode =
-      decode_layout(decode_group_pack(num_q_heads / num_kv_heads), head_dim, row_bytes).total;
+  const int decode = decode_layout(kDecodeStages, decode_group_pack(num_q_heads / num_kv_heads),
+                                   head_dim, row_bytes)
+                         .total;
   const int general = with_general_shape(
       head_dim, [&](auto shape) { return decltype(shape)::smem_bytes(row_bytes); });
-  return static_cast<size_t>(std::max(decode, general));
+  const int mma = paged_attention_decode_tensor_cores(cache_dtype, head_dim)
+                      ? mma_layout(kMmaStages, head_dim, num_q_heads / num_kv_heads).total
+                      : 0;
+  return static_cast<size_t>(std::max({decode, general, mma}));
 }
 
 int decode_partition_tokens_on(int32_t num_seqs, int num_kv_heads, int32_t max_context,
@@ -1159,16 +1619,23 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
     p.ws_max = ws_max;
     p.ws_sum = ws_sum;
     const dim3 grid(cache.num_kv_heads, batch.num_seqs, static_cast<unsigned>(parts));
-    switch (cache.dtype) {
-      case DType::kF32:
-        launch_decode_partitions_gp<float>(gp, p, grid, stream);
-        break;
-      case DType::kF16:
-        launch_decode_partitions_gp<__half>(gp, p, grid, stream);
-        break;
-      default:
-        launch_decode_partitions_gp<__nv_bfloat16>(gp, p, grid, stream);
-        break;
+    if (paged_attention_decode_tensor_cores(cache.dtype, D)) {
+      if (cache.dtype == DType::kF16)
+        launch_decode_mma<__half>(p, grid, stream);
+      else
+        launch_decode_mma<__nv_bfloat16>(p, grid, stream);
+    } else {
+      switch (cache.dtype) {
+        case DType::kF32:
+          launch_decode_partitions_gp<float>(gp, p, grid, stream);
+          break;
+        case DType::kF16:
+          launch_decode_partitions_gp<__half>(gp, p, grid, stream);
+          break;
+        default:
+          launch_decode_partitions_gp<__nv_bfloat16>(gp, p, grid, stream);
+          break;
+      }
     }
   }
 

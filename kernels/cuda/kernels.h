@@ -161,6 +161,10 @@ int decode_partition_tokens_on(int32_t num_seqs, int num_kv_heads, int32_t max_c
 // Whether both attention kernels take this shape (head_dim 16, 32, 64, 128 or 256; at
 // most 16 query heads per KV head): a model can be checked when it loads.
 bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads);
+// Whether paged_attention_decode runs on tensor cores for this cache (bf16 or f16 at
+// head_dim 64, 128 or 256, unless PAGELLM_DECODE_MMA=0); else on CUDA cores. Both give
+// float32-accurate results.
+bool paged_attention_decode_tensor_cores(DType cache_dtype, int head_dim);
 
 // Dynamic shared memory per thread block, in bytes, that the attention kernels launch
 // with for this shape (the larger of the decode and the general kernel). Over 48 KiB
