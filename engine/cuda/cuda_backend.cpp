@@ -725,8 +725,9 @@ void CudaBackend::enqueue(const Step& st) {
                   stream_);
   cuda::add_rmsnorm(rows_hidden_.get<float>(), rows_proj_.get<float>(), final_norm_.get(),
                     final_norm_dtype_, R, H, eps, rows_normed_.get(), cdt, stream_);
-  blas_->matmul(rows_normed_.get(), lm_head_weights_, cdt, R, c.vocab_size, H,
-                logits_.get<float>());
+  // (cuBLAS streams a vocabulary-sized head at the copy rate already.)
+  blas_->matmul(rows_normed_.get(), lm_head_weights_, cdt, R, c.vocab_size, H, logits_.get<float>(),
+                /*allow_gemv=*/false);
   cuda::argmax(logits_.get<float>(), R, c.vocab_size, argmax_.get<int32_t>(), stream_);
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -29,6 +30,15 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 
 cublasHandle_t as_handle(void* h) {
   return static_cast<cublasHandle_t>(h);
+}
+
+// PAGELLM_GEMV=0 sends every shape to cuBLAS (to compare the two).
+bool gemv_enabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("PAGELLM_GEMV");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return enabled;
 }
 
 cudaDataType_t cuda_type(DType t) {
@@ -74,11 +84,15 @@ Blas::~Blas() {
 }
 
 void Blas::matmul(const void* x, const void* w, DType dtype, int64_t m, int64_t n, int64_t k,
-                  float* y) {
+                  float* y, bool allow_gemv) {
   if (m < 0 || n < 0 || k < 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX)
     throw std::invalid_argument("Blas::matmul: shape out of range: m=" + std::to_string(m) +
                                 " n=" + std::to_string(n) + " k=" + std::to_string(k));
   if (m == 0 || n == 0) return;
+  if (allow_gemv && gemv_enabled() && gemv_supports(dtype, m, n, k, x, w)) {
+    gemv(x, w, dtype, m, n, k, y, stream_);
+    return;
+  }
   if (k == 0) {
     // An empty sum: zeros (cuBLAS need not touch C when k is 0).
     PAGELLM_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(m) * n * sizeof(float), stream_));

@@ -243,7 +243,8 @@ void sample_top_k_top_p(const float* logits,  // [rows, vocab]
                         int32_t* out,  // [rows]
                         cudaStream_t stream);
 
-// Matmuls through cuBLAS: y = x w^T for a Linear weight w ([n, k] as Hugging Face
+// Matmuls through cuBLAS (or, for up to kGemvMaxRows rows of 16-bit operands, the gemv
+// kernel): y = x w^T for a Linear weight w ([n, k] as Hugging Face
 // stores it, row-major, in device memory), x in the same dtype as w, y in float32, with
 // float32 accumulation (for float32 weights, true float32: no TF32). One per stream;
 // its workspace is allocated once, so matmuls can be captured in a CUDA graph.
@@ -260,7 +261,10 @@ class Blas {
   void matmul(const void* x,  // [m, k] of `dtype`
               const void* w,  // [n, k] of `dtype`
               DType dtype, int64_t m, int64_t n, int64_t k,
-              float* y);  // [m, n]
+              float* y,  // [m, n]
+              // false: cuBLAS whatever the shape (a weight so large that cuBLAS already
+              // streams it at the copy rate, such as an LM head)
+              bool allow_gemv = true);
   cudaStream_t stream() const { return stream_; }
 
  private:
@@ -268,6 +272,19 @@ class Blas {
   void* handle_ = nullptr;     // cublasHandle_t
   void* workspace_ = nullptr;  // device memory for cuBLAS
 };
+
+// y = x w^T as Blas::matmul, for 1 to kGemvMaxRows rows of x and 16-bit weights, with k a
+// multiple of 8 and x and w 16-byte aligned (gemv_supports): a kernel that streams the
+// weights once, which cuBLAS's kernels for so few rows do not do at full bandwidth.
+// Blas::matmul takes this path for such shapes. float32 sums, in another order than the
+// CPU's.
+inline constexpr int kGemvMaxRows = 4;
+bool gemv_supports(DType dtype, int64_t m, int64_t n, int64_t k, const void* x, const void* w);
+void gemv(const void* x,  // [m, k] of `dtype`
+          const void* w,  // [n, k] of `dtype`
+          DType dtype, int64_t m, int64_t n, int64_t k,
+          float* y,  // [m, n]
+          cudaStream_t stream);
 
 // Converts n values between dtypes (float32 <-> 16-bit), rounding to nearest even.
 void convert(const void* in, DType in_dtype, void* out, DType out_dtype, int64_t n,

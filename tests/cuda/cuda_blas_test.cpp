@@ -9,6 +9,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
@@ -66,9 +67,12 @@ TEST(CudaBlas, MatmulMatchesCpuOnRoundedInputs) {
   Stream stream;
   Blas blas(stream);
   EXPECT_EQ(blas.stream(), static_cast<cudaStream_t>(stream));
+  // m <= 4 with k a multiple of 8: the gemv kernel (odd n, n not a multiple of its 8 rows
+  // a block, k of one vector included); the rest: cuBLAS.
   const Shape shapes[] = {{1, 64, 64},      {7, 64, 4096},    {64, 4096, 64},    {257, 64, 64},
                           {1, 11008, 4096}, {7, 4096, 11008}, {64, 11008, 4096}, {257, 4096, 4096},
-                          {3, 1, 5},        {13, 17, 33}};
+                          {3, 1, 5},        {13, 17, 33},     {2, 6144, 4096},   {4, 4096, 14336},
+                          {3, 101, 4096},   {1, 4096, 8},     {4, 1, 16}};
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Shape& s : shapes) {
       const std::string what = std::string(dtype_name(t)) + " m=" + std::to_string(s.m) +
@@ -85,6 +89,19 @@ TEST(CudaBlas, MatmulMatchesCpuOnRoundedInputs) {
       EXPECT_LE(err, matmul_tolerance(t));
     }
   }
+}
+
+// Which shapes the gemv kernel takes (needs no GPU).
+TEST(CudaGemv, TakesFewRowsOf16BitWeightsWithWholeVectors) {
+  EXPECT_TRUE(gemv_supports(DType::kBF16, 1, 4096, 4096, nullptr, nullptr));
+  EXPECT_TRUE(gemv_supports(DType::kF16, kGemvMaxRows, 3, 8, nullptr, nullptr));
+  EXPECT_FALSE(gemv_supports(DType::kF32, 1, 4096, 4096, nullptr, nullptr));
+  EXPECT_FALSE(gemv_supports(DType::kBF16, kGemvMaxRows + 1, 4096, 4096, nullptr, nullptr));
+  EXPECT_FALSE(gemv_supports(DType::kBF16, 0, 4096, 4096, nullptr, nullptr));
+  EXPECT_FALSE(gemv_supports(DType::kBF16, 1, 4096, 4100, nullptr, nullptr));  // k % 8
+  const auto* odd = reinterpret_cast<const void*>(uintptr_t{2});
+  EXPECT_FALSE(gemv_supports(DType::kBF16, 1, 4096, 4096, odd, nullptr));
+  EXPECT_FALSE(gemv_supports(DType::kBF16, 1, 4096, 4096, nullptr, odd));
 }
 
 TEST(CudaBlas, EmptyShapes) {
@@ -110,9 +127,10 @@ TEST(CudaBlas, MatmulReplaysFromACapturedGraph) {
   std::mt19937 rng(seed);
   Stream stream;
   Blas blas(stream);
-  const Shape s{8, 4096, 4096};
-  for (DType t : {DType::kBF16, DType::kF32}) {
-    SCOPED_TRACE(dtype_name(t));
+  for (const auto& [s, t] :
+       {std::pair{Shape{8, 4096, 4096}, DType::kBF16}, std::pair{Shape{8, 4096, 4096}, DType::kF32},
+        std::pair{Shape{1, 4096, 4096}, DType::kBF16}}) {  // (gemv)
+    SCOPED_TRACE(std::string(dtype_name(t)) + " m=" + std::to_string(s.m));
     const Operands o = make_operands(s, t, rng);
     const DeviceBuffer d_x = DeviceBuffer::from(o.x), d_w = DeviceBuffer::from(o.w);
     DeviceBuffer d_y(s.m * s.n * sizeof(float));
