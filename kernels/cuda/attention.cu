@@ -187,6 +187,20 @@ __device__ __forceinline__ float4 fma4(float a, float4 b, float4 c) {
   return make_float4(fmaf(a, b.x, c.x), fmaf(a, b.y, c.y), fmaf(a, b.z, c.z), fmaf(a, b.w, c.w));
 }
 
+// Programmatic dependent launch (sm_90 and later; no-ops before): a partition block lets
+// the merge kernel's blocks be scheduled as soon as it starts; a merge block waits until
+// the partition kernel has finished and its writes are visible.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------
 // Decode: partition kernel.
 
@@ -269,6 +283,7 @@ struct DecodeParams {
 template <typename T, int GP, int S>
 __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(S))
     decode_partition_kernel(const DecodeParams p) {
+  allow_dependents();
   using Vec = CacheVec<T>;
   constexpr int kVec = Vec::kElems;  // values per 16 bytes
   static_assert(GP % 4 == 0 && GP <= 16);
@@ -672,6 +687,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
 template <typename T, int D, int S>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
     decode_mma_kernel(const DecodeParams p) {
+  allow_dependents();
   using M = MmaType<T>;
   constexpr int kRowVecs = D / 8;  // 16-byte vectors per row
   constexpr int kRowVecsShift = D == 64 ? 3 : (D == 128 ? 4 : 5);
@@ -975,6 +991,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 // One block per (q head, sequence): out = sum_i w_i acc_i / sum_i w_i l_i over the
 // partitions i that hold window tokens, w_i = exp(m_i - max_j m_j).
 __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const MergeParams p) {
+  wait_for_primary();
   __shared__ float red[kMergeThreads / 32];
   __shared__ float4 part_acc[kMergeThreads];
   const int h = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
@@ -1374,18 +1391,31 @@ int check_common(const char* fn, const KVCacheLayer& cache, int num_q_heads, DTy
   return G;
 }
 
-// Multiprocessors of the current device (cached per device).
-int device_multiprocessors() {
+// An attribute of the current device (cached per device; every one read here is > 0).
+template <cudaDeviceAttr kAttr>
+int device_attribute() {
   static std::atomic<int> cached[64] = {};
   int device = 0;
   PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
   if (device < 0 || device >= 64) device = 0;
   int n = cached[device].load(std::memory_order_relaxed);
   if (n == 0) {
-    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttr, device));
     cached[device].store(n, std::memory_order_relaxed);
   }
   return n;
+}
+int device_multiprocessors() {
+  return device_attribute<cudaDevAttrMultiProcessorCount>();
+}
+// Whether the merge kernel is launched as a programmatic dependent of the partition
+// kernel (Hopper and later; PAGELLM_DECODE_PDL=0: never).
+bool merge_as_dependent() {
+  static const bool allowed = [] {
+    const char* e = std::getenv("PAGELLM_DECODE_PDL");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return allowed && device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
 }
 // The partition length a caller asked for (0: decode_partition_tokens), checked.
 int resolve_partition_tokens(int requested, int32_t num_seqs, int num_kv_heads,
@@ -1651,7 +1681,22 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
   mp.ws_sum = ws_sum;
   mp.out = out;
   mp.out_dtype = out_dtype;
-  decode_merge_kernel<<<dim3(num_q_heads, batch.num_seqs), kMergeThreads, 0, stream>>>(mp);
+  if (merge_as_dependent()) {
+    // Its blocks are scheduled once every partition block has started, and wait in
+    // griddepcontrol.wait for the partitions' results instead of for a launch.
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(num_q_heads, batch.num_seqs);
+    config.blockDim = dim3(kMergeThreads);
+    config.stream = stream;
+    cudaLaunchAttribute dependent[1];
+    dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = dependent;
+    config.numAttrs = 1;
+    PAGELLM_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_merge_kernel, mp));
+  } else {
+    decode_merge_kernel<<<dim3(num_q_heads, batch.num_seqs), kMergeThreads, 0, stream>>>(mp);
+  }
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
 
