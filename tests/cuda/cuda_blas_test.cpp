@@ -67,12 +67,12 @@ TEST(CudaBlas, MatmulMatchesCpuOnRoundedInputs) {
   Stream stream;
   Blas blas(stream);
   EXPECT_EQ(blas.stream(), static_cast<cudaStream_t>(stream));
-  // m <= 4 with k a multiple of 8: the gemv kernel (odd n, n not a multiple of its 8 rows
-  // a block, k of one vector included); the rest: cuBLAS.
+  // m <= kGemvMaxRows (2) with k a multiple of 8: the gemv kernel (odd n, n not a
+  // multiple of its 8 rows a block, k of one vector included); the rest: cuBLAS.
   const Shape shapes[] = {{1, 64, 64},      {7, 64, 4096},    {64, 4096, 64},    {257, 64, 64},
                           {1, 11008, 4096}, {7, 4096, 11008}, {64, 11008, 4096}, {257, 4096, 4096},
-                          {3, 1, 5},        {13, 17, 33},     {2, 6144, 4096},   {4, 4096, 14336},
-                          {3, 101, 4096},   {1, 4096, 8},     {4, 1, 16}};
+                          {3, 1, 5},        {13, 17, 33},     {2, 6144, 4096},   {2, 4096, 14336},
+                          {2, 101, 4096},   {1, 4096, 8},     {2, 1, 16},        {4, 4096, 14336}};
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Shape& s : shapes) {
       const std::string what = std::string(dtype_name(t)) + " m=" + std::to_string(s.m) +
