@@ -4,7 +4,7 @@
 # benchmarks (attention, sampling) and the CUDA test programs, laid out as in the build
 # folder, plus the shared libraries they load other than the C library and CUDA's (which
 # the GPU machine has). The pack is one xz-compressed tar, .gpu-prebuilt/prebuilt.tar.xz
-# (ignored by git): about 9 MB. The build must hold machine code for that GPU
+# (ignored by git): about 14 MB. The build must hold machine code for that GPU
 # (CMAKE_CUDA_ARCHITECTURES; the default build has sm_80 and sm_90).
 #
 #   scripts/gpu-pack.sh [BUILD_DIR]    default: build

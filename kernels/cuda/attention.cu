@@ -586,8 +586,8 @@ constexpr int kMmaWarps = kMmaThreads / 32;
 // every shape measured (at 16 sequences of 4k tokens, 77%, 75% and 68% of the copy
 // bandwidth with 2, 3 and 4), since more blocks fit in an SM.
 constexpr int kMmaStages = 2;
-// Blocks per SM the registers must allow: at head_dim 128, G <= 4, a block takes 48, 64
-// or 81 KB of shared memory with 2, 3 or 4 stages.
+// Blocks per SM the registers must allow: at head_dim 128 a block takes 48 to 54 KB of
+// shared memory (G 1 to 4) with 2 stages, 64 to 71 with 3 and 81 to 87 with 4.
 constexpr int mma_min_blocks(int stages) {
   return stages == 2 ? 4 : (stages == 3 ? 3 : 2);
 }
