@@ -1391,31 +1391,49 @@ int check_common(const char* fn, const KVCacheLayer& cache, int num_q_heads, DTy
   return G;
 }
 
-// An attribute of the current device (cached per device; every one read here is > 0).
-template <cudaDeviceAttr kAttr>
-int device_attribute() {
-  static std::atomic<int> cached[64] = {};
+// compute(device) for the current device, computed once per device into `cache` (the
+// value must be > 0).
+template <class F>
+int per_device(std::atomic<int> (&cache)[64], F compute) {
   int device = 0;
   PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
   if (device < 0 || device >= 64) device = 0;
-  int n = cached[device].load(std::memory_order_relaxed);
+  int n = cache[device].load(std::memory_order_relaxed);
   if (n == 0) {
-    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttr, device));
-    cached[device].store(n, std::memory_order_relaxed);
+    n = compute(device);
+    cache[device].store(n, std::memory_order_relaxed);
   }
   return n;
+}
+template <cudaDeviceAttr kAttr>
+int device_attribute() {
+  static std::atomic<int> cached[64] = {};
+  return per_device(cached, [](int device) {
+    int n = 0;
+    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttr, device));
+    return n;
+  });
 }
 int device_multiprocessors() {
   return device_attribute<cudaDevAttrMultiProcessorCount>();
 }
 // Whether the merge kernel is launched as a programmatic dependent of the partition
-// kernel (Hopper and later; PAGELLM_DECODE_PDL=0: never).
+// kernel: on Hopper and later, where the merge kernel's code was compiled for them
+// (griddepcontrol.wait is in it only from compute_90 on; a build for older GPUs alone
+// runs there from its PTX, without it), unless PAGELLM_DECODE_PDL=0.
 bool merge_as_dependent() {
   static const bool allowed = [] {
     const char* e = std::getenv("PAGELLM_DECODE_PDL");
     return e == nullptr || std::strcmp(e, "0") != 0;
   }();
-  return allowed && device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
+  static std::atomic<int> cached[64] = {};  // 2: yes, 1: no
+  return allowed && per_device(cached, [](int) {
+                      cudaFuncAttributes merge{};
+                      PAGELLM_CUDA_CHECK(cudaFuncGetAttributes(&merge, decode_merge_kernel));
+                      const bool hopper =
+                          device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
+                      return hopper && merge.ptxVersion >= 90 ? 2 : 1;
+                    }) == 2;
 }
 // The partition length a caller asked for (0: decode_partition_tokens), checked.
 int resolve_partition_tokens(int requested, int32_t num_seqs, int num_kv_heads,

@@ -50,7 +50,7 @@
 
 namespace pagellm::kernels::cuda::block_sampler {
 
-using u64 = unsigned long long;  // the type of CUDA's 64-bit atomics
+using u64 = unsigned long long;  // CUDA's 64-bit unsigned type (as __float2ull_rn returns)
 
 constexpr int kBins = 2048;
 

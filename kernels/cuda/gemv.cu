@@ -134,20 +134,11 @@ void launch(const void* x, const void* w, int m, int n, int k, float* y, cudaStr
   const auto* x4 = static_cast<const uint4*>(x);
   const auto* w4 = static_cast<const uint4*>(w);
   const int kv = k / 8;
-  switch (m) {
-    case 1:
-      gemv_kernel<T, 1><<<grid, kGemvThreads, 0, stream>>>(x4, w4, n, kv, y);
-      break;
-    case 2:
-      gemv_kernel<T, 2><<<grid, kGemvThreads, 0, stream>>>(x4, w4, n, kv, y);
-      break;
-    case 3:
-      gemv_kernel<T, 3><<<grid, kGemvThreads, 0, stream>>>(x4, w4, n, kv, y);
-      break;
-    default:
-      gemv_kernel<T, 4><<<grid, kGemvThreads, 0, stream>>>(x4, w4, n, kv, y);
-      break;
-  }
+  static_assert(kGemvMaxRows == 2, "one instantiation per row count");
+  if (m == 1)
+    gemv_kernel<T, 1><<<grid, kGemvThreads, 0, stream>>>(x4, w4, n, kv, y);
+  else
+    gemv_kernel<T, 2><<<grid, kGemvThreads, 0, stream>>>(x4, w4, n, kv, y);
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
 

@@ -167,11 +167,11 @@ bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads);
 bool paged_attention_decode_tensor_cores(DType cache_dtype, int head_dim);
 
 // Dynamic shared memory per thread block, in bytes, that the attention kernels launch
-// with for this shape (the larger of the decode and the general kernel). Over 48 KiB
-// they ask for it with cudaFuncSetAttribute, which fails on a device whose limit per
-// block (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on Hopper, 163 KiB on A100,
-// 99 KiB on other Ampere and Ada GPUs) is lower: a backend compares the two when the
-// model loads. Throws std::invalid_argument for a shape the kernels do not take.
+// with for this shape (the largest of the decode kernel it runs and the general kernel). Over 48
+// KiB they ask for it with cudaFuncSetAttribute, which fails on a device whose limit per block
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on Hopper, 163 KiB on A100, 99 KiB on other
+// Ampere and Ada GPUs) is lower: a backend compares the two when the model loads. Throws
+// std::invalid_argument for a shape the kernels do not take.
 size_t paged_attention_shared_bytes(int head_dim, int num_q_heads, int num_kv_heads,
                                     DType cache_dtype);
 
