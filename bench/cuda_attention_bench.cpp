@@ -69,15 +69,12 @@ Result run_shape(int batch, int context, int partition, double copy_gbps, uint64
   std::iota(ids.begin(), ids.end(), 1);
   std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
   Device tables(ids.size() * sizeof(int32_t));
-  PAGELLM_CUDA_CHECK(
-      cudaMemcpy(tables.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  upload(tables, ids);
   std::vector<int32_t> starts(batch + 1), lens(batch, context);
   std::iota(starts.begin(), starts.end(), 0);
   Device d_starts(starts.size() * sizeof(int32_t)), d_lens(lens.size() * sizeof(int32_t));
-  PAGELLM_CUDA_CHECK(cudaMemcpy(d_starts.get(), starts.data(), starts.size() * sizeof(int32_t),
-                                cudaMemcpyHostToDevice));
-  PAGELLM_CUDA_CHECK(
-      cudaMemcpy(d_lens.get(), lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  upload(d_starts, starts);
+  upload(d_lens, lens);
 
   const KVCacheLayer cache{k.get(), v.get(), kCache, num_blocks, kKVHeads, kHeadDim};
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));

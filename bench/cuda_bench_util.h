@@ -53,6 +53,12 @@ struct Device {
   }
 };
 
+// v into d (which holds at least v.size() elements).
+template <class T>
+void upload(const Device& d, const std::vector<T>& v) {
+  PAGELLM_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
 // launch(i) for i = 0 .. warmup + timed - 1 on the default stream; the median time in
 // microseconds of the last `timed`, each between its own pair of events.
 template <class Launch>

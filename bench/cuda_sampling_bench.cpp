@@ -40,11 +40,6 @@ constexpr Params kParams[] = {{"T 0.8, top-p 0.95", 0.8f, 0, 0.95f, 0.0f},
                               {"T 0.7, top-k 50, top-p 0.9", 0.7f, 50, 0.9f, 0.0f},
                               {"T 1, min-p 0.05", 1.0f, 0, 1.0f, 0.05f}};
 
-template <class T>
-void upload(const Device& d, const std::vector<T>& v) {
-  PAGELLM_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-
 int run(int argc, char** argv) {
   std::vector<int> rows_list = {1, 32, 256};
   int64_t vocab = 128256;

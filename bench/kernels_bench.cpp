@@ -216,13 +216,12 @@ void BM_SampleTopKTopP(benchmark::State& state) {
   std::vector<double> uniform(rows);
   std::mt19937 rng(7);
   std::vector<int32_t> out(rows);
-  SamplingScratch scratch;
   for (auto _ : state) {
     for (double& u : uniform)
       u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
     const SamplingRows params{temperature.data(), top_k.data(), top_p.data(), min_p.data(),
                               uniform.data()};
-    sample_top_k_top_p(logits.data(), rows, vocab, params, out.data(), &scratch);
+    sample_top_k_top_p(logits.data(), rows, vocab, params, out.data());
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["rows/s"] =

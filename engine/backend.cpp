@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "engine/forward_batch_builder.h"
 #include "engine/kv_cache_memory.h"
 #include "engine/llama_model.h"
 #include "engine/tokenizer_config.h"
@@ -37,23 +38,18 @@ class CpuBackend final : public Backend {
 
   void forward(const ForwardBatch& batch, ForwardOutput& out) override {
     if (!memory_) throw std::logic_error("forward before allocate_kv_cache");
+    check_row_fields(batch);
     model_->forward(batch, *memory_, out.logits);
     const int64_t rows = static_cast<int64_t>(batch.logit_rows.size());
     out.argmax.resize(rows);
     const int64_t vocab = model_->config().vocab_size;
     if (!batch.penalty_rows.empty()) {
-      if (batch.penalty_rows.size() != static_cast<size_t>(rows)) {
-        throw std::logic_error("penalty rows do not match the logit rows");
-      }
       kernels::cpu::apply_penalties(out.logits.data(), rows, vocab, batch.penalty_rows.data(),
                                     batch.penalty_tokens.data());
     }
     kernels::cpu::argmax(out.logits.data(), rows, vocab, out.argmax.data());
     out.sampled.clear();
     if (batch.sampling.empty()) return;
-    if (batch.sampling.size() != static_cast<size_t>(rows)) {
-      throw std::logic_error("sampling rows do not match the logit rows");
-    }
     out.sampled = out.argmax;
     // One call for every row (rows with temperature 0 keep their argmax), so that the
     // kernel can spread them over the cores.
@@ -71,14 +67,12 @@ class CpuBackend final : public Backend {
     }
     const kernels::cpu::SamplingRows params{temperature_.data(), top_k_.data(), top_p_.data(),
                                             min_p_.data(), uniform_.data()};
-    kernels::cpu::sample_top_k_top_p(out.logits.data(), rows, vocab, params, out.sampled.data(),
-                                     &scratch_);
+    kernels::cpu::sample_top_k_top_p(out.logits.data(), rows, vocab, params, out.sampled.data());
   }
 
  private:
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<KVCacheMemory> memory_;
-  kernels::cpu::SamplingScratch scratch_;
   std::vector<float> temperature_, top_p_, min_p_;  // batch.sampling as the kernel reads it
   std::vector<int32_t> top_k_;
   std::vector<double> uniform_;

@@ -242,10 +242,7 @@ void Engine::step() {
   for (const scheduler::ScheduledSeq& s : batch.seqs) {
     if (!s.wants_logits) continue;
     if (wants_logprobs(s.seq->params)) {
-      const auto end = static_cast<int32_t>(batch_.penalty_tokens.size());
-      batch_.host_logits.push_back(1);
-      batch_.sampling.emplace_back();
-      batch_.penalty_rows.push_back({end, end});
+      append_host_row(batch_);
       continue;
     }
     batch_.host_logits.push_back(0);

@@ -62,4 +62,19 @@ void drop_unused_row_fields(ForwardBatch& batch) {
   if (batch.penalty_tokens.empty()) batch.penalty_rows.clear();
 }
 
+void append_host_row(ForwardBatch& batch) {
+  const auto end = static_cast<int32_t>(batch.penalty_tokens.size());
+  batch.host_logits.push_back(1);
+  batch.sampling.emplace_back();
+  batch.penalty_rows.push_back({end, end});
+}
+
+void check_row_fields(const ForwardBatch& batch) {
+  auto per_row = [&](size_t n) { return n == 0 || n == batch.logit_rows.size(); };
+  if (!per_row(batch.host_logits.size()) || !per_row(batch.sampling.size()) ||
+      !per_row(batch.penalty_rows.size())) {
+    throw std::logic_error("per-row fields do not match the logit rows");
+  }
+}
+
 }  // namespace pagellm::engine

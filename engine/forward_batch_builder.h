@@ -33,4 +33,12 @@ void build_forward_batch(std::span<const ScheduledChunk> chunks, const paging::K
 // lists a token (apply_penalties changes listed logits only).
 void drop_unused_row_fields(ForwardBatch& batch);
 
+// Appends a logit row the host samples itself: its logits come back, and the backend
+// neither draws from them nor applies penalties to them.
+void append_host_row(ForwardBatch& batch);
+
+// Throws std::logic_error unless each per-row field (host_logits, sampling, penalty_rows)
+// is empty or holds one entry per logit row: what a backend checks before its work.
+void check_row_fields(const ForwardBatch& batch);
+
 }  // namespace pagellm::engine

@@ -56,12 +56,8 @@ void Sampler::append_backend_row(ForwardBatch& batch) {
     row = {params_.temperature, params_.top_k, params_.top_p, params_.min_p, next_uniform()};
   }
   batch.sampling.push_back(row);
-  const auto begin = static_cast<int32_t>(batch.penalty_tokens.size());
-  if (!has_penalties_) {
-    batch.penalty_rows.push_back({begin, begin});
-    return;
-  }
-  batch.penalty_rows.push_back(penalty_row(begin));
+  // Without penalties, an empty range with the neutral settings.
+  batch.penalty_rows.push_back(penalty_row(static_cast<int32_t>(batch.penalty_tokens.size())));
   batch.penalty_tokens.insert(batch.penalty_tokens.end(), penalty_tokens_.begin(),
                               penalty_tokens_.end());
 }
@@ -83,7 +79,7 @@ int32_t Sampler::draw(const std::vector<float>& logits) {
                                        &params_.min_p, &u};
   int32_t token = 0;
   kernels::cpu::sample_top_k_top_p(logits.data(), 1, static_cast<int64_t>(logits.size()), row,
-                                   &token, &sampling_scratch_);
+                                   &token);
   return token;
 }
 

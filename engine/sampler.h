@@ -76,7 +76,6 @@ class Sampler {
   std::vector<kernels::PenaltyToken> penalty_tokens_;
   std::unordered_map<int32_t, int32_t> penalty_index_;  // token -> its place in the list
   std::vector<float> scratch_;
-  kernels::cpu::SamplingScratch sampling_scratch_;
 };
 
 // log-softmax of `logits` into `out` (both [vocab]), in float32 with a double sum.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "engine/chat_template.h"
 #include "engine/utf8.h"
@@ -115,6 +116,7 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
   if (auto v = int_field(body, "n", 1, kMaxChoices)) p.n = static_cast<int32_t>(*v);
   if (const ordered_json* v = field(body, "logit_bias")) {
     if (!v->is_object()) fail("'logit_bias' must map token ids to numbers", "logit_bias");
+    std::unordered_set<int64_t> named;  // ("5" and "05" name one token)
     for (auto it = v->begin(); it != v->end(); ++it) {
       const std::string& key = it.key();
       // At most 10 digits: stoll cannot overflow.
@@ -127,10 +129,8 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
       if (!it.value().is_number() || !(std::fabs(it.value().get<double>()) <= 100.0)) {
         fail("'logit_bias' values must be numbers from -100 to 100", "logit_bias");
       }
-      for (const auto& [named, bias] : p.logit_bias) {
-        if (named == id) {
-          fail("'logit_bias' names token " + std::to_string(id) + " twice", "logit_bias");
-        }
+      if (!named.insert(id).second) {
+        fail("'logit_bias' names token " + std::to_string(id) + " twice", "logit_bias");
       }
       p.logit_bias.emplace_back(static_cast<int32_t>(id),
                                 static_cast<float>(it.value().get<double>()));

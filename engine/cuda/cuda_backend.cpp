@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/forward_batch_builder.h"
 #include "engine/kv_cache_memory.h"
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
@@ -782,12 +783,7 @@ void CudaBackend::run_step(const ForwardBatch& batch, ForwardOutput& out) {
   st.tokens = batch.num_tokens();
   st.seqs = batch.num_seqs();
   st.logit_rows = static_cast<int32_t>(batch.logit_rows.size());
-  // The per-row fields are empty or one per logit row; checked before anything is queued.
-  auto per_row = [&](size_t n) { return n == 0 || n == batch.logit_rows.size(); };
-  if (!per_row(batch.host_logits.size()) || !per_row(batch.sampling.size()) ||
-      !per_row(batch.penalty_rows.size())) {
-    throw std::logic_error("CUDA backend: per-row fields do not match the logit rows");
-  }
+  check_row_fields(batch);  // before anything is queued
   int32_t max_context = 0;
   for (int32_t s = 0; s < st.seqs; ++s) {
     st.max_q_len = std::max(st.max_q_len, batch.query_start[s + 1] - batch.query_start[s]);

@@ -5,40 +5,35 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/rank_key.h"
 
 namespace pagellm::kernels::cpu {
 namespace {
 
-// The ranking every cut follows: larger weight first, lower token id first on ties, as
-// the ascending order of one 64-bit key per token (weights are non-negative floats, so
-// their bit patterns order like their values).
-uint64_t rank_key(float w, int32_t id) {
-  uint32_t bits;
-  std::memcpy(&bits, &w, sizeof bits);
-  return (static_cast<uint64_t>(~bits) << 32) | static_cast<uint32_t>(id);
-}
-int32_t id_of(uint64_t key) {
-  return static_cast<int32_t>(static_cast<uint32_t>(key));
-}
-float weight_of(uint64_t key) {
-  const uint32_t bits = ~static_cast<uint32_t>(key >> 32);
-  float w;
-  std::memcpy(&w, &bits, sizeof w);
-  return w;
+// Buffers a draw reuses from row to row and call to call.
+struct SamplingScratch {
+  std::vector<float> weights;       // [vocab]
+  std::vector<int32_t> order;       // [vocab] candidates
+  std::vector<uint64_t> head, tmp;  // [vocab] ranked candidates
+  std::vector<double> bucket_mass;
+};
+
+// This thread's buffers, kept for its life.
+SamplingScratch& thread_scratch() {
+  thread_local SamplingScratch scratch;
+  return scratch;
 }
 
 // Buckets of weight by their top 11 bits (a quarter of a binade each), in rank order.
 constexpr int kBucketBits = 11;
 constexpr int kBuckets = 1 << kBucketBits;
 int bucket_of(float w) {
-  uint32_t bits;
-  std::memcpy(&bits, &w, sizeof bits);
-  return static_cast<int>(~bits >> (32 - kBucketBits));
+  return static_cast<int>(~float_bits(w) >> (32 - kBucketBits));
 }
 
 // Sorts keys ascending: std::sort for a few, else a radix sort over the weight half (the
@@ -246,7 +241,7 @@ void apply_penalties(float* logits, int64_t rows, int64_t vocab, const PenaltyRo
 }
 
 void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab,
-                        const SamplingRows& params, int32_t* out, SamplingScratch* scratch) {
+                        const SamplingRows& params, int32_t* out) {
   auto sample = [&](int64_t r, SamplingScratch& s) {
     if (!(params.temperature[r] > 0.0f)) return;  // not sampled: out[r] stays
     out[r] = sample_row(logits + r * vocab, static_cast<int32_t>(vocab), params.temperature[r],
@@ -255,19 +250,17 @@ void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab,
   const int threads = static_cast<int>(std::min<int64_t>(rows, omp_get_max_threads()));
   if (threads > 1) {
     // A row's token depends on that row alone: rows go to threads as they come free
-    // (their cost varies with their top-p), each thread with its own scratch, kept for
-    // the thread's life (24 bytes times the vocabulary: 3 MB at 128k).
+    // (their cost varies with their top-p), each thread with its own scratch.
 #pragma omp parallel num_threads(threads)
     {
-      thread_local SamplingScratch local;
+      SamplingScratch& s = thread_scratch();
 #pragma omp for schedule(dynamic)
       for (int64_t r = 0; r < rows; ++r)
-        sample(r, local);
+        sample(r, s);
     }
     return;
   }
-  SamplingScratch local;
-  SamplingScratch& s = scratch != nullptr ? *scratch : local;
+  SamplingScratch& s = thread_scratch();
   for (int64_t r = 0; r < rows; ++r)
     sample(r, s);
 }

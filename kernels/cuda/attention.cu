@@ -280,6 +280,41 @@ struct DecodeParams {
   float* ws_sum;  // [num_seqs, num_q_heads, num_parts]
 };
 
+// The tokens of one partition of one sequence that are read: partition-local [v0, v1),
+// in tiles tile_first .. tile_first + ntiles - 1. ntiles is 0 for a partition past the
+// context (also context_len 0) or wholly before the sliding window.
+struct PartitionSpan {
+  int ctx, lo;  // the context length and its first token inside the window
+  int v0, v1, tile_first, ntiles;
+};
+__device__ __forceinline__ PartitionSpan partition_span(const DecodeParams& p, int seq, int part) {
+  PartitionSpan s{};
+  s.ctx = p.context_lens[seq];
+  s.lo = p.window > 0 ? max(0, s.ctx - p.window) : 0;
+  const int part_begin = part * p.part_tokens;
+  if (part_begin >= s.ctx || part_begin + p.part_tokens <= s.lo) return s;
+  s.v0 = max(s.lo - part_begin, 0);
+  s.v1 = min(s.ctx - part_begin, p.part_tokens);
+  s.tile_first = s.v0 / kDecodeTile;
+  s.ntiles = (s.v1 - 1) / kDecodeTile - s.tile_first + 1;
+  return s;
+}
+
+// Into bt[0 .. part_tokens / kBlockSize): the block ids of the partition's blocks that hold
+// read tokens, -1 for the others (never read: entries before the window may be -1, entries
+// past the context may be anything). Threads tid < part_tokens / kBlockSize write one each.
+__device__ __forceinline__ void load_block_ids(const DecodeParams& p, int seq, int part,
+                                               const PartitionSpan& s, int tid, int* bt) {
+  const int part_blocks = p.part_tokens / kBlockSize;
+  if (tid < part_blocks) {
+    const int b = part * part_blocks + tid;
+    int id = -1;
+    if (b < p.max_blocks_per_seq && b * kBlockSize < s.ctx && (b + 1) * kBlockSize > s.lo)
+      id = p.block_tables[static_cast<int64_t>(seq) * p.max_blocks_per_seq + b];
+    bt[tid] = id;
+  }
+}
+
 template <typename T, int GP, int S>
 __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(S))
     decode_partition_kernel(const DecodeParams p) {
@@ -292,16 +327,9 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(S))
 
   const int kvh = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
   const int tid = threadIdx.x;
-  const int ctx = p.context_lens[seq];
-  const int part_begin = part * p.part_tokens;
-  if (part_begin >= ctx) return;  // past the context (also context_len 0)
-  const int lo = p.window > 0 ? max(0, ctx - p.window) : 0;
-  if (part_begin + p.part_tokens <= lo) return;  // wholly before the window
-  // Valid partition-local tokens [v0, v1), and the tiles that hold them.
-  const int v0 = max(lo - part_begin, 0);
-  const int v1 = min(ctx - part_begin, p.part_tokens);
-  const int tile_first = v0 / kDecodeTile;
-  const int ntiles = (v1 - 1) / kDecodeTile - tile_first + 1;
+  const PartitionSpan span = partition_span(p, seq, part);
+  if (span.ntiles == 0) return;
+  const int v0 = span.v0, v1 = span.v1, tile_first = span.tile_first, ntiles = span.ntiles;
 
   const int D = p.head_dim, rv = p.row_vecs;
   const int tile_bytes = kDecodeTile * rv * 16;
@@ -313,16 +341,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(S))
   float* const red_max = reinterpret_cast<float*>(smem + lay.red);    // [warps][GP]
   float* const red_sum = red_max + kDecodeWarps * GP;                 // [warps][GP]
 
-  // Block ids of the partition's blocks that hold valid tokens, -1 for the others (never
-  // read: entries before the window may be -1, entries past the context may be anything).
-  const int part_blocks = p.part_tokens / kBlockSize;
-  if (tid < part_blocks) {
-    const int b = part * part_blocks + tid;
-    int id = -1;
-    if (b < p.max_blocks_per_seq && b * kBlockSize < ctx && (b + 1) * kBlockSize > lo)
-      id = p.block_tables[static_cast<int64_t>(seq) * p.max_blocks_per_seq + b];
-    bt[tid] = id;
-  }
+  load_block_ids(p, seq, part, span, tid, bt);
   // The G query heads of this KV head are contiguous; heads G..GP-1 are zero.
   {
     const float4* q4 = reinterpret_cast<const float4*>(
@@ -703,15 +722,9 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
   const int kvh = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int gid = lane / 4, tig = lane % 4;  // mma fragment coordinates
-  const int ctx = p.context_lens[seq];
-  const int part_begin = part * p.part_tokens;
-  if (part_begin >= ctx) return;  // past the context (also context_len 0)
-  const int lo = p.window > 0 ? max(0, ctx - p.window) : 0;
-  if (part_begin + p.part_tokens <= lo) return;  // wholly before the window
-  const int v0 = max(lo - part_begin, 0);
-  const int v1 = min(ctx - part_begin, p.part_tokens);
-  const int tile_first = v0 / kDecodeTile;
-  const int ntiles = (v1 - 1) / kDecodeTile - tile_first + 1;
+  const PartitionSpan span = partition_span(p, seq, part);
+  if (span.ntiles == 0) return;
+  const int v0 = span.v0, v1 = span.v1, tile_first = span.tile_first, ntiles = span.ntiles;
   const int G = p.group;
 
   const MmaLayout lay = mma_layout(S, D, G);
@@ -720,14 +733,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
   float* const scores = reinterpret_cast<float*>(smem + lay.scores);  // [G][kMmaScoreStride]
   int* const bt = reinterpret_cast<int*>(smem + lay.bt);              // [32]
 
-  const int part_blocks = p.part_tokens / kBlockSize;
-  if (tid < part_blocks) {
-    const int b = part * part_blocks + tid;
-    int id = -1;
-    if (b < p.max_blocks_per_seq && b * kBlockSize < ctx && (b + 1) * kBlockSize > lo)
-      id = p.block_tables[static_cast<int64_t>(seq) * p.max_blocks_per_seq + b];
-    bt[tid] = id;
-  }
+  load_block_ids(p, seq, part, span, tid, bt);
 
   // Loads: K tiles 0..ntiles-1, then V tiles, load L into ring stage L % S.
   // Thread tid copies vector tid % kRowVecs of rows tid / kRowVecs, + kCopyRowStep, ...
@@ -1450,20 +1456,23 @@ int64_t decode_parts(int32_t max_context, int part_tokens) {
   return max_context > 0 ? (static_cast<int64_t>(max_context) + part_tokens - 1) / part_tokens : 0;
 }
 
-template <typename T, int GP, int S>
-void launch_decode_partitions_s(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  const int smem = decode_layout(S, GP, p.head_dim, p.row_vecs * 16).total;
-  auto* kernel = decode_partition_kernel<T, GP, S>;
+// kernel<<<grid, threads, smem, stream>>>(params), asking for the shared memory first
+// when it is over the default 48 KiB.
+template <class Params>
+void launch_with_shared(void (*kernel)(Params), dim3 grid, int threads, int smem,
+                        cudaStream_t stream, const Params& params) {
   if (smem > 48 * 1024)
     PAGELLM_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<grid, kDecodeThreads, smem, stream>>>(p);
+  kernel<<<grid, threads, smem, stream>>>(params);
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, int GP>
 void launch_decode_partitions(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  launch_decode_partitions_s<T, GP, kDecodeStages>(p, grid, stream);
+  launch_with_shared(decode_partition_kernel<T, GP, kDecodeStages>, grid, kDecodeThreads,
+                     decode_layout(kDecodeStages, GP, p.head_dim, p.row_vecs * 16).total, stream,
+                     p);
 }
 
 // Whether decode runs on tensor cores where the shape allows it (PAGELLM_DECODE_MMA=0:
@@ -1480,20 +1489,10 @@ bool decode_mma_shape(DType cache_dtype, int head_dim) {
          (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
-template <typename T, int D, int S>
-void launch_decode_mma_s(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  const int smem = mma_layout(S, D, p.group).total;
-  auto* kernel = decode_mma_kernel<T, D, S>;
-  if (smem > 48 * 1024)
-    PAGELLM_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<grid, kMmaThreads, smem, stream>>>(p);
-  PAGELLM_CUDA_CHECK_LAUNCH();
-}
-
 template <typename T, int D>
 void launch_decode_mma_d(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  launch_decode_mma_s<T, D, kMmaStages>(p, grid, stream);
+  launch_with_shared(decode_mma_kernel<T, D, kMmaStages>, grid, kMmaThreads,
+                     mma_layout(kMmaStages, D, p.group).total, stream, p);
 }
 
 template <typename T>
@@ -1518,13 +1517,8 @@ void launch_decode_partitions_gp(int gp, const DecodeParams& p, dim3 grid, cudaS
 
 template <int D>
 void launch_general(const GeneralParams& p, dim3 grid, cudaStream_t stream) {
-  const int smem = GeneralShape<D>::smem_bytes(p.row_vecs * 16);
-  auto* kernel = general_attention_kernel<D>;
-  if (smem > 48 * 1024)
-    PAGELLM_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<grid, kGeneralThreads, smem, stream>>>(p);
-  PAGELLM_CUDA_CHECK_LAUNCH();
+  launch_with_shared(general_attention_kernel<D>, grid, kGeneralThreads,
+                     GeneralShape<D>::smem_bytes(p.row_vecs * 16), stream, p);
 }
 
 // f(GeneralShape<head_dim>{}) for a supported head_dim.

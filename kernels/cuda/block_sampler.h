@@ -35,10 +35,10 @@
 
 #pragma once
 
+#include <cmath>
 #include <cstdint>
-#if !defined(__CUDACC__)
-#include <cstring>
-#endif
+
+#include "kernels/rank_key.h"
 
 #if defined(__CUDACC__)
 #define PAGELLM_BLOCK_FN __device__ __forceinline__
@@ -120,20 +120,6 @@ PAGELLM_BLOCK_FN u64 mass_of(const Shared<kGather>& sh, int d) {
   return static_cast<u64>(sh.mass_hi[d]) << 32 | sh.mass_lo[d];
 }
 
-PAGELLM_BLOCK_FN uint32_t float_bits(float w) {
-#if defined(__CUDACC__)
-  return __float_as_uint(w);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &w, sizeof bits);
-  return bits;
-#endif
-}
-
-PAGELLM_BLOCK_FN u64 rank_key(float w, int64_t id) {
-  return (static_cast<u64>(~float_bits(w)) << 32) | static_cast<uint32_t>(id);
-}
-
 constexpr u64 kNoKey = ~0ull;
 
 // Where a running total (count and mass, most likely first) passes a bound.
@@ -189,6 +175,20 @@ PAGELLM_BLOCK_FN bool candidate(const RowInput& row, float w) {
   return w > 0.0f && w >= row.threshold;
 }
 
+// f(key, mass) for each candidate of thread t's share of the row whose key starts with
+// `prefix` (key >> match_shift): the one filter of the histogram and the gather.
+template <class B, class F>
+PAGELLM_BLOCK_FN void visit_candidates(const RowInput& row, int t, int match_shift, u64 prefix,
+                                       F f) {
+  visit_row<B>(row.logits, row.vocab, t, [&](int64_t i, float logit) {
+    const float w = weight<B>(row, logit);
+    if (!candidate(row, w)) return;
+    const u64 key = rank_key(w, i);
+    if ((key >> match_shift) != prefix) return;
+    f(key, B::quantize(w * row.mass_scale));
+  });
+}
+
 // The histogram of the candidates whose key starts with `prefix` (key >> match_shift),
 // by the digit of `bits` bits at `shift`; returns their count and mass when kTotal.
 template <bool kTotal, class B>
@@ -205,13 +205,8 @@ PAGELLM_BLOCK_FN Tally histogram(B& b, const RowInput& row, int match_shift, u64
   const u64 digit_mask = (1ull << bits) - 1;
   auto pass = [&](int t) {
     Tally local{0, 0};
-    visit_row<B>(row.logits, row.vocab, t, [&](int64_t i, float logit) {
-      const float w = weight<B>(row, logit);
-      if (!candidate(row, w)) return;
-      const u64 key = rank_key(w, i);
-      if ((key >> match_shift) != prefix) return;
+    visit_candidates<B>(row, t, match_shift, prefix, [&](u64 key, u64 q) {
       const int d = static_cast<int>((key >> shift) & digit_mask);
-      const u64 q = B::quantize(w * row.mass_scale);
       B::atomic_add(&sh.count[d], 1u);
       add_mass<B>(sh, d, q);
       local.count += 1;
@@ -273,15 +268,11 @@ PAGELLM_BLOCK_FN void gather_and_rank(B& b, const RowInput& row, int match_shift
     }
   });
   b.each([&](int t) {
-    visit_row<B>(row.logits, row.vocab, t, [&](int64_t i, float logit) {
-      const float w = weight<B>(row, logit);
-      if (!candidate(row, w)) return;
-      const u64 key = rank_key(w, i);
-      if ((key >> match_shift) != prefix) return;
+    visit_candidates<B>(row, t, match_shift, prefix, [&](u64 key, u64 q) {
       const uint32_t slot = B::atomic_add(&sh.gathered, 1u);
       if (slot < static_cast<uint32_t>(B::kGather)) {
         sh.keys[slot] = key;
-        sh.masses[slot] = B::quantize(w * row.mass_scale);
+        sh.masses[slot] = q;
       }
     });
   });
@@ -333,8 +324,8 @@ PAGELLM_BLOCK_FN void select_token(B& b, const RowInput& row, const Bound& bound
     match_shift = lv.shift;
     if (in_bin <= static_cast<uint32_t>(B::kGather)) {
       gather_and_rank(b, row, match_shift, prefix, before, bound);
-      // The gather recomputes the weights of the histogram pass, the same instructions on
-      // the same values, so it finds the same tokens; were it not to, the next digit's
+      // The gather filters the row as the histogram pass did (visit_candidates), so it
+      // finds the same tokens; were it not to, the next digit's
       // histogram would split the bin again rather than rank part of it.
       if (sh.gathered == in_bin) return;
     }
@@ -351,6 +342,10 @@ inline int mass_shift(int64_t vocab) {
   while (width < 63 && (int64_t{1} << width) <= vocab)
     ++width;
   return 63 - width;
+}
+// 2^S, the scale of RowInput::mass_scale.
+inline float mass_scale(int64_t vocab) {
+  return std::ldexp(1.0f, mass_shift(vocab));
 }
 
 // One row's token (the contract of kernels::cuda::sample_top_k_top_p; temperature > 0),

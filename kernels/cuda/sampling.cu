@@ -243,9 +243,8 @@ void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab,
   if (rows == 0) return;
   require(vocab > 0 && vocab < INT32_MAX, "sample_top_k_top_p: vocab out of range");
   require(rows <= INT32_MAX, "sample_top_k_top_p: too many rows");
-  const float mass_scale = std::ldexp(1.0f, block_sampler::mass_shift(vocab));
-  sample_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(logits, vocab, params,
-                                                                            mass_scale, out);
+  sample_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(
+      logits, vocab, params, block_sampler::mass_scale(vocab), out);
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
 

@@ -96,7 +96,7 @@ using KernelBlock = HostBlock<512, 512>;
 template <class Block>
 std::vector<int32_t> host_sample(const Batch& b) {
   Block block;
-  const float scale = std::ldexp(1.0f, mass_shift(b.vocab));
+  const float scale = mass_scale(b.vocab);
   std::vector<int32_t> out(b.rows, -1);
   for (int64_t r = 0; r < b.rows; ++r) {
     if (!(b.temperature[r] > 0.0f)) continue;

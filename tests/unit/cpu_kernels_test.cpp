@@ -922,15 +922,14 @@ TEST(CpuSample, MatchesAFullSortOnRandomRowsAndBatchesRowByRow) {
     std::vector<int32_t> batch(rows, -1);
     const SamplingRows params{temperature.data(), top_k.data(), top_p.data(), min_p.data(),
                               uniform.data()};
-    SamplingScratch scratch;
     {
       ScopedThreads two(2);  // rows spread over threads
-      sample_top_k_top_p(logits.data(), rows, vocab, params, batch.data(), &scratch);
+      sample_top_k_top_p(logits.data(), rows, vocab, params, batch.data());
     }
     std::vector<int32_t> one_thread(rows, -1);
     {
-      ScopedThreads one(1);
-      sample_top_k_top_p(logits.data(), rows, vocab, params, one_thread.data(), &scratch);
+      ScopedThreads one(1);  // the buffers the call before left on this thread, reused
+      sample_top_k_top_p(logits.data(), rows, vocab, params, one_thread.data());
     }
     EXPECT_EQ(one_thread, batch);
     for (int64_t r = 0; r < rows; ++r) {

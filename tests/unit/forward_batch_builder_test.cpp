@@ -112,5 +112,24 @@ TEST(ForwardBatchBuilder, DropsRowFieldsThatChangeNothing) {
   EXPECT_EQ(b.penalty_tokens.size(), 1u);
 }
 
+TEST(ForwardBatchBuilder, HostRowsAndTheRowFieldsCheck) {
+  ForwardBatch b;
+  b.logit_rows = {0, 1};
+  check_row_fields(b);  // all empty: fine
+  b.penalty_tokens = {{5, 1, 0.0f, 0}};
+  append_host_row(b);
+  EXPECT_EQ(b.host_logits, std::vector<uint8_t>{1});
+  EXPECT_EQ(b.sampling.size(), 1u);
+  EXPECT_EQ(b.sampling[0].temperature, 0.0f);
+  ASSERT_EQ(b.penalty_rows.size(), 1u);
+  EXPECT_EQ(b.penalty_rows[0].begin, 1);
+  EXPECT_EQ(b.penalty_rows[0].end, 1);
+  EXPECT_THROW(check_row_fields(b), std::logic_error);  // one row of fields, two logit rows
+  append_host_row(b);
+  check_row_fields(b);
+  b.host_logits.push_back(0);
+  EXPECT_THROW(check_row_fields(b), std::logic_error);
+}
+
 }  // namespace
 }  // namespace pagellm::engine
