@@ -3,7 +3,8 @@
 // batch x context 1 x 32768, 16 x 4096, 64 x 1024 and 256 x 2048.
 //   pagellm_cuda_attention_bench [--shapes BxC,...] [--partitions P,...] [--json FILE]
 // --partitions: partition lengths to time each shape at (0: the kernel's own choice,
-// the default).
+// the default). The header also gives the partition kernel's shared memory per block and
+// how many of its blocks a multiprocessor runs at once.
 // Bytes counted per launch: K and V of every context token, q (float32) and out (bf16);
 // GB/s = those bytes / the median launch time (>= 50 launches after warm-up, CUDA events
 // around each). The copy bandwidth is a 1 GiB device-to-device copy, bytes read plus
@@ -136,10 +137,17 @@ int run(int argc, char** argv) {
   const double copy_gbps = bench::measure_cuda_copy_bandwidth();
   std::printf("device: %s\ndevice-to-device copy (1 GiB, read + write): %.0f GB/s\n",
               device.c_str(), copy_gbps);
+  const int blocks_per_sm =
+      paged_attention_decode_blocks_per_sm(kHeadDim, kQHeads, kKVHeads, kCache);
+  const size_t block_smem =
+      paged_attention_decode_shared_bytes(kHeadDim, kQHeads, kKVHeads, kCache);
   std::printf(
-      "decode attention: %d query / %d KV heads of %d, bf16 cache, bf16 out, on %s\n", kQHeads,
-      kKVHeads, kHeadDim,
-      paged_attention_decode_tensor_cores(kCache, kHeadDim) ? "tensor cores" : "CUDA cores");
+      "decode attention: %d query / %d KV heads of %d, bf16 cache, bf16 out, on %s\n"
+      "partition kernel: %zu bytes of shared memory a block (its layout), %d blocks a "
+      "multiprocessor\n",
+      kQHeads, kKVHeads, kHeadDim,
+      paged_attention_decode_tensor_cores(kCache, kHeadDim) ? "tensor cores" : "CUDA cores",
+      block_smem, blocks_per_sm);
   std::printf("%-14s %9s %10s %12s %10s %10s\n", "batch x ctx", "partition", "us", "MB read",
               "GB/s", "% copy");
   std::vector<Result> results;
@@ -164,8 +172,11 @@ int run(int argc, char** argv) {
     std::fprintf(f,
                  "{\n  \"device\": \"%s\",\n  \"copy_gbps\": %.1f,\n  \"num_q_heads\": %d,\n"
                  "  \"num_kv_heads\": %d,\n  \"head_dim\": %d,\n  \"cache_dtype\": \"bf16\",\n"
-                 "  \"out_dtype\": \"bf16\",\n  \"results\": [\n",
-                 device.c_str(), copy_gbps, kQHeads, kKVHeads, kHeadDim);
+                 "  \"out_dtype\": \"bf16\",\n  \"tensor_cores\": %s,\n"
+                 "  \"block_shared_bytes\": %zu,\n  \"blocks_per_sm\": %d,\n  \"results\": [\n",
+                 device.c_str(), copy_gbps, kQHeads, kKVHeads, kHeadDim,
+                 paged_attention_decode_tensor_cores(kCache, kHeadDim) ? "true" : "false",
+                 block_smem, blocks_per_sm);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(f,

@@ -47,7 +47,7 @@ kMmaPieces = 3
 
 def mma_layout(D, G):
     q = kMmaStages * kDecodeTile * D * 2
-    scores = q + kMmaPieces * kMmaRows * (D + kMmaQPad) * 2
+    scores = q + kMmaPieces * G * (D + kMmaQPad) * 2
     bt = scores + G * kMmaScoreStride * 4
     total = bt + kMaxBlocksPerPartition * 4
     return q, scores, bt, total
@@ -276,7 +276,8 @@ class Smem:
         a = np.asarray(addr, np.int64).reshape(kMmaWarps, 4, 8)
         for w in range(kMmaWarps):
             for i in range(4):
-                cnt = np.bincount((a[w, i] // 16) % 8, minlength=8).max()
+                # Lanes that give the same address share its read (a broadcast).
+                cnt = np.bincount((np.unique(a[w, i]) // 16) % 8, minlength=8).max()
                 if cnt > 1:
                     self.log[("ldmatrix bank conflict (x%d wavefronts)" % cnt, what, "")] += 1
                 self.bank_max = max(self.bank_max, cnt)
@@ -381,25 +382,26 @@ def decode_mma_block(P, ty, D, kvh, seq, part, log):
         if a0 > 0 and math.isfinite(a0):
             q_exp = math.frexp(a0)[1] - 1 - 13  # ilogbf(amax) - 13
         log[("f16 q_exp values seen", str(q_exp), "")] += 1
-    for i0 in range(0, kMmaRows * D, 2 * kMmaThreads):
+    for i0 in range(0, G * D, 2 * kMmaThreads):
         i = i0 + 2 * tid
+        live = i < G * D
         r, d = i // D, i % D
         x = np.zeros(kMmaThreads, np.float32)
         y = np.zeros(kMmaThreads, np.float32)
-        mm = r < G
-        x[mm] = P.q[qg + i[mm]]
-        y[mm] = P.q[qg + i[mm] + 1]
+        x[live] = P.q[qg + i[live]]
+        y[live] = P.q[qg + i[live] + 1]
         if ty.scaled:
             x, y = np.ldexp(x, -q_exp).astype(np.float32), np.ldexp(y, -q_exp).astype(np.float32)
         pc = split_pair(ty, x, y)
         for k in range(kMmaPieces):
-            S.write(tid, lay_q + ((k * kMmaRows + r) * kQStride + d) * 2, pc[k].view(np.uint8).reshape(-1, 4), "q pieces write")
+            S.write(tid[live], lay_q + ((k * G + r[live]) * kQStride + d[live]) * 2, pc[k][live].view(np.uint8).reshape(-1, 4), "q pieces write")
 
     S.barrier()
     for l in range(kMmaStages - 1):
         issue_or_commit(l)
 
     # Q.K
+    a_row = np.minimum((lane & 7) + ((lane >> 3) & 1) * 8, G - 1 - (1 if 'qrow' in MUT and G > 1 else 0))
     for load in range(ntiles):
         S.wait(kMmaStages - 2)
         if 'nobar' not in MUT: S.barrier()
@@ -414,7 +416,7 @@ def decode_mma_block(P, ty, D, kvh, seq, part, log):
                 kb.append(S.ldmatrix_x4(st + (row * kRowVecs + (vec ^ (row & (3 if 'sw3' in MUT else 0 if 'kswz' in MUT else 7)))) * 16, False, "K ldmatrix"))
             for kk in range(2):
                 for k in range(kMmaPieces):
-                    a = S.ldmatrix_x4(lay_q + ((k * kMmaRows + (lane & 7) + ((lane >> 3) & 1) * 8) * kQStride
+                    a = S.ldmatrix_x4(lay_q + ((k * G + a_row) * kQStride
                                                + 16 * (ks + kk) + 8 * (lane >> 4)) * 2, False, "q ldmatrix")
                     if 'qswap' in MUT: a = [a[0], a[2], a[1], a[3]]
                     for j in range(2):

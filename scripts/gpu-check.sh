@@ -145,6 +145,14 @@ done
 say "decode-attention benchmark"
 timeout 90 "$bin/bench/pagellm_cuda_attention_bench" --json "$out/attention.json" \
   >"$out/bench.txt" 2>&1 || say "attention benchmark failed (bench.txt)"
+# The same kernel held to 4 blocks a multiprocessor, as many as fit before its q pieces
+# kept only the group's rows: what the fifth block is worth.
+{
+  echo
+  echo "--- PAGELLM_DECODE_MAX_BLOCKS_PER_SM=4"
+  PAGELLM_DECODE_MAX_BLOCKS_PER_SM=4 timeout 90 "$bin/bench/pagellm_cuda_attention_bench" ||
+    echo "attention benchmark (4 blocks) failed"
+} >>"$out/bench.txt" 2>&1
 
 say "sampling benchmark"
 {

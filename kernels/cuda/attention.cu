@@ -581,7 +581,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_blocks(S))
 //
 // Same grid, partitions, workspace and results as decode_partition_kernel; only how the
 // products are computed differs. Q.K and P.V are mma.sync m16n8k16 with float32
-// accumulators, the 16 rows being the G query heads of the KV head (rows G..15 are zero).
+// accumulators, the 16 rows being the G query heads of the KV head (rows G..15 repeat
+// head G - 1 in Q.K and are zero in P.V; what they give is dropped).
 // K and V are exact operands. q and p are float32, so each is split into three 16-bit
 // pieces, x = x1 + x2 + x3 (x1 = round(x), x2 = round(x - x1), x3 = round(x - x1 - x2)),
 // which hold all 24 bits of a float32 significand, and each piece is multiplied in turn:
@@ -605,10 +606,12 @@ constexpr int kMmaWarps = kMmaThreads / 32;
 // every shape measured (at 16 sequences of 4k tokens, 77%, 75% and 68% of the copy
 // bandwidth with 2, 3 and 4), since more blocks fit in an SM.
 constexpr int kMmaStages = 2;
-// Blocks per SM the registers must allow: at head_dim 128 a block takes 48 to 54 KB of
-// shared memory (G 1 to 4) with 2 stages, 64 to 71 with 3 and 81 to 87 with 4.
-constexpr int mma_min_blocks(int stages) {
-  return stages == 2 ? 4 : (stages == 3 ? 3 : 2);
+// Blocks per SM the registers must allow. At head_dim 128 a block takes 35 to 43 KiB of
+// shared memory (G 1 to 4) with 2 stages, so 5 fit in an H100/H200 SM (228 KiB, 1 KiB of
+// it reserved per block) if a thread keeps to 96 registers; 51 to 59 KiB with 3 stages
+// and 67 to 75 with 4. At head_dim 256 the ring alone takes 32 KiB a stage.
+constexpr int mma_min_blocks(int stages, int head_dim) {
+  return stages == 2 ? (head_dim <= 128 ? 5 : 4) : (stages == 3 ? 3 : 2);
 }
 constexpr int kMmaRows = 16;  // m of the mma: query heads, padded
 constexpr int kMmaQPad = 8;   // 16-bit elements after each q row: rows 16 bytes apart mod 128
@@ -617,7 +620,9 @@ constexpr int kMmaPieces = 3;                                   // 16-bit pieces
 
 // Shared memory of the tensor-core kernel, in bytes (all offsets multiples of 16):
 //   ring    S tiles of kDecodeTile rows x head_dim 16-bit values
-//   q       [kMmaPieces][16][head_dim + kMmaQPad] 16-bit pieces of q
+//   q       [kMmaPieces][G][head_dim + kMmaQPad] 16-bit pieces of q, the G heads' rows
+//           only (the A operand's rows G..15 feed accumulator rows that are never read,
+//           and read row G - 1 again): 3 KiB at head_dim 128 and G = 4, not 13 for 16
 //   scores  [G][kMmaScoreStride] floats (scores, then exp(score - max))
 //   bt      [32] block ids
 struct MmaLayout {
@@ -626,7 +631,7 @@ struct MmaLayout {
 __host__ __device__ inline MmaLayout mma_layout(int stages, int head_dim, int group) {
   MmaLayout l;
   l.q = stages * kDecodeTile * head_dim * 2;
-  l.scores = l.q + kMmaPieces * kMmaRows * (head_dim + kMmaQPad) * 2;
+  l.scores = l.q + kMmaPieces * group * (head_dim + kMmaQPad) * 2;
   l.bt = l.scores + group * kMmaScoreStride * 4;
   l.total = l.bt + kMaxBlocksPerPartition * 4;
   return l;
@@ -704,7 +709,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
 }
 
 template <typename T, int D, int S>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S, D))
     decode_mma_kernel(const DecodeParams p) {
   allow_dependents();
   using M = MmaType<T>;
@@ -729,7 +734,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
 
   const MmaLayout lay = mma_layout(S, D, G);
   char* const ring = smem;
-  T* const qs = reinterpret_cast<T*>(smem + lay.q);                   // [3][16][kQStride]
+  T* const qs = reinterpret_cast<T*>(smem + lay.q);                   // [3][G][kQStride]
   float* const scores = reinterpret_cast<float*>(smem + lay.scores);  // [G][kMmaScoreStride]
   int* const bt = reinterpret_cast<int*>(smem + lay.bt);              // [32]
 
@@ -763,7 +768,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
     cp_async_commit();  // possibly empty: "all but S - 1 groups done" means load L landed
   };
 
-  // q of the G heads in 16-bit pieces (rows G..15 zero), scaled by 2^-q_exp.
+  // q of the G heads in 16-bit pieces, scaled by 2^-q_exp.
   int q_exp = 0;
   {
     const float* const qg =
@@ -783,16 +788,15 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
       // The largest |q| lands in [2^13, 2^14); zero, inf and NaN are left unscaled.
       if (amax > 0.f && isfinite(amax)) q_exp = ilogbf(amax) - 13;
     }
-    for (int i = 2 * tid; i < kMmaRows * D; i += 2 * kMmaThreads) {  // i = row * D + d
+    for (int i = 2 * tid; i < G * D; i += 2 * kMmaThreads) {  // i = row * D + d
       const int r = i / D, d = i % D;
-      float2 x = make_float2(0.f, 0.f);
-      if (r < G) x = *reinterpret_cast<const float2*>(qg + i);
+      float2 x = *reinterpret_cast<const float2*>(qg + i);
       unsigned pc[kMmaPieces];
       if constexpr (M::kScaled) x = make_float2(ldexpf(x.x, -q_exp), ldexpf(x.y, -q_exp));
       split_pair<T>(x.x, x.y, pc);
 #pragma unroll
       for (int k = 0; k < kMmaPieces; ++k)
-        *reinterpret_cast<unsigned*>(qs + (k * kMmaRows + r) * kQStride + d) = pc[k];
+        *reinterpret_cast<unsigned*>(qs + (k * G + r) * kQStride + d) = pc[k];
     }
   }
 
@@ -802,6 +806,9 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
     issue_or_commit(l);
 
   // ---- Q.K: warp w scores tokens 16w .. 16w+15 of each K tile (two n8 tiles).
+  // q piece k as the A operand: lane l addresses head l % 8 + 8 ((l / 8) % 2), or head
+  // G - 1 in its place from G on (lanes that give the same address share its read).
+  const int a_row = min((lane & 7) + ((lane >> 3) & 1) * 8, G - 1);
   for (int load = 0; load < ntiles; ++load) {
     cp_async_wait<S - 2>();
     __syncthreads();  // load `load` is in for every thread; the previous stage is free
@@ -823,11 +830,10 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(S))
       for (int kk = 0; kk < 2; ++kk) {
 #pragma unroll
         for (int k = 0; k < kMmaPieces; ++k) {
-          // q piece k as the A operand: lane l addresses head l % 8 + 8 ((l / 8) % 2),
-          // elements 16 (ks + kk) + 8 (l / 16) .. + 7.
+          // q piece k as the A operand: lane l addresses row a_row, elements
+          // 16 (ks + kk) + 8 (l / 16) .. + 7.
           unsigned a[4];
-          ldmatrix_x4(a, qs + (k * kMmaRows + (lane & 7) + ((lane >> 3) & 1) * 8) * kQStride +
-                             16 * (ks + kk) + 8 * (lane >> 4));
+          ldmatrix_x4(a, qs + (k * G + a_row) * kQStride + 16 * (ks + kk) + 8 * (lane >> 4));
 #pragma unroll
           for (int j = 0; j < 2; ++j)
             M::mma(acc[j], a, kb[j][2 * kk], kb[j][2 * kk + 1]);
@@ -1364,6 +1370,7 @@ bool aligned16(const void* p) {
 }
 
 constexpr int kMaxGroup = 16;  // query heads per KV head
+static_assert(kMaxGroup <= kMmaRows, "a group's heads are rows of one mma");
 
 // Query heads a decode block computes per KV head: the group rounded up to 4, 8 or 16.
 int decode_group_pack(int group) {
@@ -1468,13 +1475,6 @@ void launch_with_shared(void (*kernel)(Params), dim3 grid, int threads, int smem
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int GP>
-void launch_decode_partitions(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  launch_with_shared(decode_partition_kernel<T, GP, kDecodeStages>, grid, kDecodeThreads,
-                     decode_layout(kDecodeStages, GP, p.head_dim, p.row_vecs * 16).total, stream,
-                     p);
-}
-
 // Whether decode runs on tensor cores where the shape allows it (PAGELLM_DECODE_MMA=0:
 // never, for comparison).
 bool decode_mma_enabled() {
@@ -1489,30 +1489,85 @@ bool decode_mma_shape(DType cache_dtype, int head_dim) {
          (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
-template <typename T, int D>
-void launch_decode_mma_d(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  launch_with_shared(decode_mma_kernel<T, D, kMmaStages>, grid, kMmaThreads,
-                     mma_layout(kMmaStages, D, p.group).total, stream, p);
+// The partition kernel paged_attention_decode runs for a shape, its threads per block and
+// the dynamic shared memory its layout takes. Needs no device.
+struct DecodeKernel {
+  void (*kernel)(DecodeParams);
+  int threads, smem;
+};
+template <typename T>
+DecodeKernel mma_decode_kernel(int head_dim, int group) {
+  auto pick = [&](void (*kernel)(DecodeParams), int d) {
+    return DecodeKernel{kernel, kMmaThreads, mma_layout(kMmaStages, d, group).total};
+  };
+  if (head_dim == 64) return pick(decode_mma_kernel<T, 64, kMmaStages>, 64);
+  if (head_dim == 128) return pick(decode_mma_kernel<T, 128, kMmaStages>, 128);
+  return pick(decode_mma_kernel<T, 256, kMmaStages>, 256);
+}
+template <typename T>
+DecodeKernel cuda_core_decode_kernel(int head_dim, int group) {
+  const int gp = decode_group_pack(group);
+  const int row_bytes = head_dim * static_cast<int>(sizeof(T));
+  auto pick = [&](void (*kernel)(DecodeParams)) {
+    return DecodeKernel{kernel, kDecodeThreads,
+                        decode_layout(kDecodeStages, gp, head_dim, row_bytes).total};
+  };
+  if (gp == 4) return pick(decode_partition_kernel<T, 4, kDecodeStages>);
+  if (gp == 8) return pick(decode_partition_kernel<T, 8, kDecodeStages>);
+  return pick(decode_partition_kernel<T, 16, kDecodeStages>);
+}
+DecodeKernel decode_kernel(DType cache_dtype, int head_dim, int group) {
+  if (decode_mma_enabled() && decode_mma_shape(cache_dtype, head_dim))
+    return cache_dtype == DType::kF16 ? mma_decode_kernel<__half>(head_dim, group)
+                                      : mma_decode_kernel<__nv_bfloat16>(head_dim, group);
+  switch (cache_dtype) {
+    case DType::kF32:
+      return cuda_core_decode_kernel<float>(head_dim, group);
+    case DType::kF16:
+      return cuda_core_decode_kernel<__half>(head_dim, group);
+    default:
+      return cuda_core_decode_kernel<__nv_bfloat16>(head_dim, group);
+  }
 }
 
-template <typename T>
-void launch_decode_mma(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  if (p.head_dim == 64)
-    launch_decode_mma_d<T, 64>(p, grid, stream);
-  else if (p.head_dim == 128)
-    launch_decode_mma_d<T, 128>(p, grid, stream);
-  else
-    launch_decode_mma_d<T, 256>(p, grid, stream);
+// The shared memory a partition kernel is launched with: what its layout takes, or, with
+// PAGELLM_DECODE_MAX_BLOCKS_PER_SM=N (for comparison), enough more that at most N of its
+// blocks fit in a multiprocessor at once.
+int decode_shared_request(int smem) {
+  static const int cap = [] {
+    const char* e = std::getenv("PAGELLM_DECODE_MAX_BLOCKS_PER_SM");
+    return e == nullptr ? 0 : std::atoi(e);
+  }();
+  if (cap <= 0) return smem;
+  int device = 0, per_sm = 0, reserved = 0, per_block = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  PAGELLM_CUDA_CHECK(
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  PAGELLM_CUDA_CHECK(
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  PAGELLM_CUDA_CHECK(
+      cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // N + 1 blocks of (request + reserved) bytes overflow the multiprocessor.
+  return std::min(std::max(smem, per_sm / (cap + 1) - reserved + 1), per_block);
 }
 
-template <typename T>
-void launch_decode_partitions_gp(int gp, const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  if (gp == 4)
-    launch_decode_partitions<T, 4>(p, grid, stream);
-  else if (gp == 8)
-    launch_decode_partitions<T, 8>(p, grid, stream);
-  else
-    launch_decode_partitions<T, 16>(p, grid, stream);
+// Asks for `smem` bytes of dynamic shared memory for the kernel and for the largest
+// shared-memory carveout: its blocks are limited by shared memory, and its loads go
+// through shared memory, not L1 (the driver may otherwise pick a carveout with room for
+// fewer blocks).
+void configure_decode_kernel(void (*kernel)(DecodeParams), int smem) {
+  PAGELLM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+}
+
+void launch_decode_partitions(const DecodeKernel& k, const DecodeParams& p, dim3 grid,
+                              cudaStream_t stream) {
+  const int smem = decode_shared_request(k.smem);
+  configure_decode_kernel(k.kernel, smem);
+  k.kernel<<<grid, k.threads, smem, stream>>>(p);
+  PAGELLM_CUDA_CHECK_LAUNCH();
 }
 
 template <int D>
@@ -1553,13 +1608,38 @@ bool paged_attention_supports(int head_dim, int num_q_heads, int num_kv_heads) {
          num_q_heads % num_kv_heads == 0 && num_q_heads / num_kv_heads <= kMaxGroup;
 }
 
+namespace {
+// Throws std::invalid_argument, naming `fn`, for a shape the kernels do not take.
+void require_supported(const char* fn, int head_dim, int num_q_heads, int num_kv_heads) {
+  if (!paged_attention_supports(head_dim, num_q_heads, num_kv_heads))
+    throw std::invalid_argument(std::string(fn) + ": head_dim " + std::to_string(head_dim) +
+                                " with " + std::to_string(num_q_heads) + " query and " +
+                                std::to_string(num_kv_heads) +
+                                " KV heads is not a shape the kernels take");
+}
+}  // namespace
+
+size_t paged_attention_decode_shared_bytes(int head_dim, int num_q_heads, int num_kv_heads,
+                                           DType cache_dtype) {
+  require_supported("paged_attention_decode_shared_bytes", head_dim, num_q_heads, num_kv_heads);
+  return static_cast<size_t>(decode_kernel(cache_dtype, head_dim, num_q_heads / num_kv_heads).smem);
+}
+
+int paged_attention_decode_blocks_per_sm(int head_dim, int num_q_heads, int num_kv_heads,
+                                         DType cache_dtype) {
+  require_supported("paged_attention_decode_blocks_per_sm", head_dim, num_q_heads, num_kv_heads);
+  const DecodeKernel k = decode_kernel(cache_dtype, head_dim, num_q_heads / num_kv_heads);
+  const int smem = decode_shared_request(k.smem);
+  configure_decode_kernel(k.kernel, smem);
+  int blocks = 0;
+  PAGELLM_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.kernel, k.threads, smem));
+  return blocks;
+}
+
 size_t paged_attention_shared_bytes(int head_dim, int num_q_heads, int num_kv_heads,
                                     DType cache_dtype) {
-  if (!paged_attention_supports(head_dim, num_q_heads, num_kv_heads))
-    throw std::invalid_argument("paged_attention_shared_bytes: head_dim " +
-                                std::to_string(head_dim) + " with " + std::to_string(num_q_heads) +
-                                " query and " + std::to_string(num_kv_heads) +
-                                " KV heads is not a shape the kernels take");
+  require_supported("paged_attention_shared_bytes", head_dim, num_q_heads, num_kv_heads);
   const int row_bytes = head_dim * static_cast<int>(dtype_size(cache_dtype));
   const int decode = decode_layout(kDecodeStages, decode_group_pack(num_q_heads / num_kv_heads),
                                    head_dim, row_bytes)
@@ -1661,24 +1741,7 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
     p.ws_max = ws_max;
     p.ws_sum = ws_sum;
     const dim3 grid(cache.num_kv_heads, batch.num_seqs, static_cast<unsigned>(parts));
-    if (paged_attention_decode_tensor_cores(cache.dtype, D)) {
-      if (cache.dtype == DType::kF16)
-        launch_decode_mma<__half>(p, grid, stream);
-      else
-        launch_decode_mma<__nv_bfloat16>(p, grid, stream);
-    } else {
-      switch (cache.dtype) {
-        case DType::kF32:
-          launch_decode_partitions_gp<float>(gp, p, grid, stream);
-          break;
-        case DType::kF16:
-          launch_decode_partitions_gp<__half>(gp, p, grid, stream);
-          break;
-        default:
-          launch_decode_partitions_gp<__nv_bfloat16>(gp, p, grid, stream);
-          break;
-      }
-    }
+    launch_decode_partitions(decode_kernel(cache.dtype, D, G), p, grid, stream);
   }
 
   MergeParams mp{};

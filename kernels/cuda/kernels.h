@@ -174,6 +174,17 @@ bool paged_attention_decode_tensor_cores(DType cache_dtype, int head_dim);
 // std::invalid_argument for a shape the kernels do not take.
 size_t paged_attention_shared_bytes(int head_dim, int num_q_heads, int num_kv_heads,
                                     DType cache_dtype);
+// Of that, what the decode partition kernel's layout takes (needs no device): with the 1
+// KiB each block reserves, it says how many blocks share a multiprocessor's shared memory.
+// PAGELLM_DECODE_MAX_BLOCKS_PER_SM=N (for comparison only) launches it with more, so
+// that at most N blocks fit.
+size_t paged_attention_decode_shared_bytes(int head_dim, int num_q_heads, int num_kv_heads,
+                                           DType cache_dtype);
+// Blocks of the decode partition kernel that one multiprocessor of the current device
+// runs at once for this shape (the occupancy calculator's count: shared memory, registers
+// and threads), with the shared memory it is launched with.
+int paged_attention_decode_blocks_per_sm(int head_dim, int num_q_heads, int num_kv_heads,
+                                         DType cache_dtype);
 
 // Float32 scratch the decode kernel needs, in bytes. `partition_tokens` as for
 // paged_attention_decode.

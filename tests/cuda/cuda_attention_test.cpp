@@ -321,6 +321,32 @@ TEST(CudaAttention, SharedMemoryPerBlockForEachShape) {
   EXPECT_THROW(cuda::paged_attention_shared_bytes(128, 32, 1, DType::kBF16), std::invalid_argument);
 }
 
+// The decode partition kernel's own shared memory (needs no GPU): at head_dim 128 over a
+// 16-bit cache with up to 4 query heads a KV head (Llama 3 8B's 32 / 8 among them), 5 of
+// its blocks, with the 1 KiB each one reserves, fit in an H100/H200 multiprocessor's
+// 228 KiB (its q pieces keep only the group's rows); and it is never more than the total
+// the backend checks when a model loads.
+TEST(CudaAttention, DecodeBlocksShareAHopperMultiprocessorFiveAtATime) {
+  constexpr size_t kHopperSM = 228 * 1024, kReserved = 1024;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (int q_heads : {8, 16, 32}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ", " + std::to_string(q_heads) + " query heads");
+      EXPECT_LE(5 * (cuda::paged_attention_decode_shared_bytes(128, q_heads, 8, dt) + kReserved),
+                kHopperSM);
+    }
+  }
+  for (int d : {16, 32, 64, 128, 256}) {
+    for (int group : {1, 2, 4, 7, 8, 16}) {
+      for (DType dt : kCacheDtypes) {
+        EXPECT_LE(cuda::paged_attention_decode_shared_bytes(d, 8 * group, 8, dt),
+                  cuda::paged_attention_shared_bytes(d, 8 * group, 8, dt));
+      }
+    }
+  }
+  EXPECT_THROW(cuda::paged_attention_decode_shared_bytes(96, 32, 8, DType::kBF16),
+               std::invalid_argument);
+}
+
 TEST(CudaAttention, DecodeMatchesCpuForEveryHeadDimGroupAndDtype) {
   PAGELLM_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
