@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus             # promtool checks the /metrics page in the tests
   chromium               # headless browser for the /dashboard test
+  python3-numpy          # the lane-level simulation of the tensor-core decode kernel
 )
 
 missing=()

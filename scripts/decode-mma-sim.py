@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Lane-level simulation of decode_mma_kernel (kernels/cuda/attention.cu), to check its index
 math and synchronisation without a GPU: python3 scripts/decode-mma-sim.py [--quick|--extras]
-(needs numpy). Keep it in step with the kernel when either changes.
+(needs numpy; SIM_D, SIM_G, SIM_PT and SIM_W narrow the cases to lists of head dims, groups,
+partition lengths and windows). Exits with status 1 when a result or a shadow check fails;
+ctest runs a selection. Keep it in step with the kernel when either changes.
 
 Every index formula of the kernel is transcribed literally, per thread (tid 0..127, vectorised
 with numpy). ldmatrix and mma follow the PTX ISA fragment layouts:
@@ -652,6 +654,9 @@ def run_case(ty, D, G, part_tokens, window, contexts, seed, log, qmag=1.0, vmag=
 
 
 CONTEXTS = [1, 15, 16, 17, 63, 64, 65, 200, 511, 512, 513, 1000]
+# The most per-row relative error to the float64 reference taken as right: float32 sums
+# of exact products land near 1e-6.
+kMaxRelError = 1e-5
 
 
 def main():
@@ -692,6 +697,13 @@ def main():
     print("problems found by the shadow checks:")
     for k, v in sorted(log.items(), key=lambda kv: str(kv[0])):
         print("  ", k, v)
+    # Exit status 1 when a result is off or a shadow check found anything but the two
+    # figures that are only reported.
+    problems = [k for k in log if k[0] not in ("f16 q_exp values seen", "max ldmatrix wavefronts")]
+    if worst > kMaxRelError or problems or log[("max ldmatrix wavefronts", "", "")] > 1:
+        print("FAILED")
+        sys.exit(1)
+    print("passed")
 
 
 if __name__ == "__main__":
