@@ -3,9 +3,10 @@
 // Every output y[i, j] is one float32 accumulator: acc = fma(x[i, kk], w[j, kk], acc) for
 // kk = 0, 1, ..., k-1 starting from 0, then acc + bias[j]. The kernels below only choose
 // which accumulators run side by side (register tiles of up to 4 panels x 6 rows, or 8
-// panels x 1 row), how the weights reach them (read in place, or converted to float32 once
-// per k-block when many row tiles reuse them; the conversion is exact) and which thread
-// owns which panels. None of that changes an accumulator's operations, so results do not
+// panels x 1 row; on AVX2 without AVX-512, cut into tiles of at most 12 8-lane
+// accumulators, run one after another), how the weights reach them (read in place, or converted to
+// float32 once per k-block when many row tiles reuse them; the conversion is exact) and which
+// thread owns which panels. None of that changes an accumulator's operations, so results do not
 // depend on m, on a row's place in the batch, or on the thread count. Splitting k into
 // blocks stores the float32 partial sum in y and reloads it, which is exact too.
 //
@@ -76,6 +77,17 @@ struct F32W {
   static __m512 odd(const T* p) {
     return _mm512_loadu_ps(p + kPanel);
   }
+#elif defined(PAGELLM_KERNELS_AVX2)
+  // Lanes 8h .. 8h + 7 of a panel row: a plain one, the kk or the kk + 1 of a pair.
+  static __m256 load1(const T* p, int h) {
+    return _mm256_loadu_ps(p + 8 * h);
+  }
+  static __m256 even(const T* p, int h) {
+    return _mm256_loadu_ps(p + 8 * h);
+  }
+  static __m256 odd(const T* p, int h) {
+    return _mm256_loadu_ps(p + kPanel + 8 * h);
+  }
 #endif
 };
 struct BF16W {
@@ -94,6 +106,20 @@ struct BF16W {
     return _mm512_castsi512_ps(
         _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
+#elif defined(PAGELLM_KERNELS_AVX2)
+  static __m256 load1(const T* p, int h) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * h));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+  }
+  static __m256 even(const T* p, int h) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * h));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+  static __m256 odd(const T* p, int h) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * h));
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
 #endif
 };
 struct F16W {
@@ -109,6 +135,16 @@ struct F16W {
   }
   static __m512 odd(const T* p) {
     return load1(p + kPanel);
+  }
+#elif defined(PAGELLM_KERNELS_AVX2)
+  static __m256 load1(const T* p, int h) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * h)));
+  }
+  static __m256 even(const T* p, int h) {
+    return load1(p, h);
+  }
+  static __m256 odd(const T* p, int h) {
+    return load1(p + kPanel, h);
   }
 #endif
 };
@@ -151,7 +187,8 @@ void tile_portable(int P, int R, const TileArgs<W>& a) {
   }
 }
 
-#if defined(PAGELLM_KERNELS_AVX512)
+#if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
+#define PAGELLM_MATMUL_SIMD 1
 // Prefetches the bytes `kPrefetchBytes` ahead of one k-pair of a panel.
 template <class W>
 inline void prefetch_pair(const typename W::T* w) {
@@ -159,6 +196,9 @@ inline void prefetch_pair(const typename W::T* w) {
   for (size_t b = 0; b < 2 * kPanel * sizeof(typename W::T); b += 64)
     detail::prefetch_l1(p + b);
 }
+#endif
+
+#if defined(PAGELLM_KERNELS_AVX512)
 
 // PF: prefetch the weights ahead of the loads. NEXT (the tiles of one thread cover
 // consecutive panels over the whole of k): near the end of its panels, each stream
@@ -228,12 +268,115 @@ void tile_avx512(const TileArgs<W>& a) {
   }
 }
 
+template <class W, int P, int R, bool PF, bool NEXT = false>
+void tile_simd(const TileArgs<W>& a) {
+  tile_avx512<W, P, R, PF, NEXT>(a);
+}
+#endif  // PAGELLM_KERNELS_AVX512
+
+#if defined(PAGELLM_KERNELS_AVX2)
+// Lanes [8h, 8h + 8) of a panel of `cols` valid outputs, as a maskload/maskstore mask.
+inline __m256i half_mask(int cols, int h) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8 * h),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// tile_avx512 on 8-lane vectors: a panel's 16 accumulators are two registers, so a tile
+// holds at most 12 of them (P x R <= 6), beside its weight vectors and the broadcast x.
+template <class W, int P, int R, bool PF, bool NEXT>
+void tile_avx2_core(const TileArgs<W>& a) {
+  static_assert(P * R <= 6);
+  __m256i mask[P][2];
+  for (int p = 0; p < P; ++p)
+    for (int h = 0; h < 2; ++h)
+      mask[p][h] = half_mask(a.ncols - kPanel * p, h);
+  __m256 acc[R][P][2];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p)
+      for (int h = 0; h < 2; ++h)
+        acc[r][p][h] = a.first
+                           ? _mm256_setzero_ps()
+                           : _mm256_maskload_ps(a.y + r * a.ldy + kPanel * p + 8 * h, mask[p][h]);
+  const typename W::T* w = a.w;
+  const float* x = a.x;
+  int64_t t = 0;
+  for (; t + 2 <= a.kn; t += 2, w += 2 * kPanel, x += 2) {
+    if constexpr (PF) {
+      const typename W::T* ahead = w;
+      if constexpr (NEXT) {
+        if ((t + 2) * kPanel * static_cast<int64_t>(sizeof(typename W::T)) + kPrefetchBytes >
+            a.kn * kPanel * static_cast<int64_t>(sizeof(typename W::T)))
+          ahead += (P - 1) * a.ws;
+      }
+      for (int p = 0; p < P; ++p)
+        prefetch_pair<W>(ahead + p * a.ws);
+    }
+    for (int half = 0; half < 2; ++half) {  // kk, then kk + 1
+      __m256 wv[P][2];
+      for (int p = 0; p < P; ++p)
+        for (int h = 0; h < 2; ++h)
+          wv[p][h] = half == 0 ? W::even(w + p * a.ws, h) : W::odd(w + p * a.ws, h);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xb = _mm256_broadcast_ss(x + r * a.ldx + half);
+        for (int p = 0; p < P; ++p)
+          for (int h = 0; h < 2; ++h)
+            acc[r][p][h] = _mm256_fmadd_ps(xb, wv[p][h], acc[r][p][h]);
+      }
+    }
+  }
+  if (t < a.kn) {
+    __m256 wv[P][2];
+    for (int p = 0; p < P; ++p)
+      for (int h = 0; h < 2; ++h)
+        wv[p][h] = W::load1(w + p * a.ws, h);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * a.ldx);
+      for (int p = 0; p < P; ++p)
+        for (int h = 0; h < 2; ++h)
+          acc[r][p][h] = _mm256_fmadd_ps(xb, wv[p][h], acc[r][p][h]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      for (int h = 0; h < 2; ++h) {
+        __m256 v = acc[r][p][h];
+        if (a.last && a.bias != nullptr)
+          v = _mm256_add_ps(v, _mm256_maskload_ps(a.bias + kPanel * p + 8 * h, mask[p][h]));
+        _mm256_maskstore_ps(a.y + r * a.ldy + kPanel * p + 8 * h, mask[p][h], v);
+      }
+    }
+  }
+}
+
+// A P x R tile as tiles of as many panels as fit beside R rows, one after another: each
+// accumulator still takes kk = 0, 1, ... in order, so the results are tile_avx512's.
+template <class W, int P, int R, bool PF, bool NEXT = false>
+void tile_simd(const TileArgs<W>& a) {
+  constexpr int kSub = R == 1 ? 4 : (R == 2 ? 2 : 1);
+  if constexpr (P <= kSub) {
+    tile_avx2_core<W, P, R, PF, NEXT>(a);
+  } else {
+    TileArgs<W> head = a;
+    head.ncols = std::min(a.ncols, kSub * kPanel);
+    tile_avx2_core<W, kSub, R, PF, NEXT>(head);
+    if (a.ncols <= kSub * kPanel) return;
+    TileArgs<W> rest = a;
+    rest.w += kSub * a.ws;
+    rest.y += kSub * kPanel;
+    if (rest.bias != nullptr) rest.bias += kSub * kPanel;
+    rest.ncols -= kSub * kPanel;
+    tile_simd<W, P - kSub, R, PF, NEXT>(rest);
+  }
+}
+#endif  // PAGELLM_KERNELS_AVX2
+
+#if defined(PAGELLM_MATMUL_SIMD)
 template <class W>
 using TileFn = void (*)(const TileArgs<W>&);
 
 template <class W, int P, bool PF, int... Rs>
 constexpr std::array<TileFn<W>, kTileRows> tile_row_table(std::integer_sequence<int, Rs...>) {
-  return {&tile_avx512<W, P, Rs + 1, PF>...};
+  return {&tile_simd<W, P, Rs + 1, PF>...};
 }
 
 template <class W, bool PF>
@@ -250,18 +393,18 @@ constexpr std::array<std::array<std::array<TileFn<W>, kTileRows>, kTilePanels>, 
 
 template <class W, int... Ps>
 constexpr std::array<TileFn<W>, kGemvPanels> gemv_table(std::integer_sequence<int, Ps...>) {
-  return {&tile_avx512<W, Ps + 1, 1, true, true>...};
+  return {&tile_simd<W, Ps + 1, 1, true, true>...};
 }
 
 template <class W>
 constexpr std::array<TileFn<W>, kGemvPanels> kGemv =
     gemv_table<W>(std::make_integer_sequence<int, kGemvPanels>{});
-#endif
+#endif  // PAGELLM_MATMUL_SIMD
 
 // P panels x R rows; `prefetch` when the weights come from memory (first pass over them).
 template <class W>
 void run_tile(bool simd, int P, int R, bool prefetch, const TileArgs<W>& a) {
-#if defined(PAGELLM_KERNELS_AVX512)
+#if defined(PAGELLM_MATMUL_SIMD)
   if (simd) {
     if (P > kTilePanels) return kGemv<W>[P - 1](a);
     return kTiles<W>[prefetch ? 1 : 0][P - 1][R - 1](a);
@@ -286,6 +429,20 @@ void convert_panels(bool simd, const typename W::T* group, int64_t k, int P, int
         _mm512_storeu_ps(dst + (i + 1) * kPanel, W::odd(src + i * kPanel));
       }
       if (i < kn) _mm512_storeu_ps(dst + i * kPanel, W::load1(src + i * kPanel));
+      continue;
+    }
+#elif defined(PAGELLM_KERNELS_AVX2)
+    if (simd) {
+      int64_t i = 0;
+      for (; i + 2 <= kn; i += 2) {
+        for (int h = 0; h < 2; ++h) {
+          _mm256_storeu_ps(dst + i * kPanel + 8 * h, W::even(src + i * kPanel, h));
+          _mm256_storeu_ps(dst + (i + 1) * kPanel + 8 * h, W::odd(src + i * kPanel, h));
+        }
+      }
+      if (i < kn)
+        for (int h = 0; h < 2; ++h)
+          _mm256_storeu_ps(dst + i * kPanel + 8 * h, W::load1(src + i * kPanel, h));
       continue;
     }
 #endif
@@ -401,7 +558,11 @@ TileRange* tile_ranges(int64_t threads) {
 template <class W>
 void matmul_typed(const float* x, const typename W::T* packed, const float* bias, int64_t m,
                   int64_t n, int64_t k, float* y) {
-  const bool simd = detail::use_simd();
+#if defined(PAGELLM_MATMUL_SIMD)
+  const bool simd = !portable_kernels();
+#else
+  const bool simd = false;
+#endif
   const int64_t panels = (n + kPanel - 1) / kPanel;
   if (m <= kStreamRows || k == 0) {
     // Each thread starts on a contiguous range of tiles: one region of memory. Every

@@ -12,12 +12,17 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define PAGELLM_KERNELS_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// Without AVX-512, the matmul (most of a step) still has a vector form, on AVX2 and FMA;
+// the other kernels take their portable path.
+#include <immintrin.h>
+#define PAGELLM_KERNELS_AVX2 1
 #endif
 
 namespace pagellm::kernels::cpu {
 
 // The kernels run their portable path when this is set (tests compare both paths); it
-// is always the path taken on machines without AVX-512.
+// is always the path taken on machines without AVX-512, but for the matmul's AVX2 form.
 void set_portable_kernels(bool on);
 bool portable_kernels();
 
