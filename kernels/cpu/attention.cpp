@@ -43,6 +43,15 @@ Scratch& thread_scratch() {
   return s;
 }
 
+// Whether attend takes its vector paths: AVX-512, or AVX2 for the scores and weights.
+bool attention_simd() {
+#if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
+  return !portable_kernels();
+#else
+  return false;
+#endif
+}
+
 #if defined(PAGELLM_KERNELS_AVX512)
 // out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] over head h's positions [begin[h], end[h])
 // for NH heads x NC 16-lane chunks held in registers; each element is one fma chain over
@@ -296,6 +305,208 @@ void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int
 }
 #endif
 
+#if defined(PAGELLM_KERNELS_AVX2)
+// The same scores and softmax weights on 8-lane vectors, for machines with AVX2 but not
+// AVX-512 (the value pass takes the portable loop, which the compiler vectorizes): every
+// score is still one fma chain over d, every weight the exp of simd.h, every sum the
+// 16-lane order.
+
+// Transposes an 8 x 8 block of floats in registers: element e of r[j] moves to element j
+// of r[e].
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+  }
+  for (int j = 0; j < 8; j += 4) {
+    u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+    u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+    u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+    u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+  }
+  for (int e = 0; e < 4; ++e) {
+    r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+    r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
+  }
+}
+
+// Elements d0 .. d0 + 7 of the cache row at element offset `at`, as float32 (zeros past
+// `count` of them).
+inline __m256 load8(const void* base, DType t, int64_t at, int64_t count) {
+  if (count >= 8) {
+    switch (t) {
+      case DType::kF32:
+        return _mm256_loadu_ps(static_cast<const float*>(base) + at);
+      case DType::kF16:
+        return _mm256_cvtph_ps(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + at)));
+      case DType::kBF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + at))),
+            16));
+    }
+  }
+  alignas(32) float tail[8] = {};
+  for (int64_t e = 0; e < count; ++e)
+    tail[e] = load_f32(base, t, at + e);
+  return _mm256_load_ps(tail);
+}
+
+// kt as transpose_keys above fills it: kt[d * 16 + j] = k_j[d] for the n <= 16 keys at
+// element offsets `offsets` (zeros for j >= n), d < head_dim rounded up to 16, while the
+// rows at `ahead` are prefetched.
+void transpose_keys_avx2(const KVCacheLayer& c, const int64_t* offsets, int64_t n, float* kt,
+                         const int64_t* ahead, int64_t ahead_n) {
+  const int64_t D = c.head_dim;
+  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
+  const int64_t row_bytes = D * dtype_size(c.dtype);
+  for (int64_t j = 0; j < ahead_n; ++j) {
+    const char* row = static_cast<const char*>(c.k) + ahead[j] * dtype_size(c.dtype);
+    for (int64_t x = 0; x < row_bytes; x += 64)
+      detail::prefetch_l1(row + x);
+  }
+  __m256 r[8];
+  for (int64_t d0 = 0; d0 < Dp; d0 += 8) {
+    for (int64_t g = 0; g < 2; ++g) {  // keys 8g .. 8g + 7
+      for (int64_t j = 0; j < 8; ++j) {
+        const int64_t key = 8 * g + j;
+        r[j] = key < n && d0 < D ? load8(c.k, c.dtype, offsets[key] + d0, D - d0)
+                                 : _mm256_setzero_ps();
+      }
+      transpose8(r);
+      for (int64_t e = 0; e < 8; ++e)
+        _mm256_store_ps(kt + (d0 + e) * kLanes + 8 * g, r[e]);
+    }
+  }
+}
+
+// Lanes [0, count) of 8 as a maskstore mask.
+inline __m256i lane_mask8(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(count, 0, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// NH heads x NB blocks of 16 keys (two 8-lane halves each), as score_tile: each score one
+// fma chain over d. n: the valid keys of the NB blocks.
+template <int NH, int NB>
+void score_tile_avx2(const float* const* q, const float* kt, int64_t kb, int64_t D, float scale,
+                     float* const* dst, int64_t n) {
+  __m256 acc[NH][NB][2];
+  for (int h = 0; h < NH; ++h)
+    for (int b = 0; b < NB; ++b)
+      for (int x = 0; x < 2; ++x)
+        acc[h][b][x] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    __m256 k[NB][2];
+    for (int b = 0; b < NB; ++b)
+      for (int x = 0; x < 2; ++x)
+        k[b][x] = _mm256_load_ps(kt + b * kb + d * kLanes + 8 * x);
+    for (int h = 0; h < NH; ++h) {
+      const __m256 qb = _mm256_broadcast_ss(q[h] + d);
+      for (int b = 0; b < NB; ++b)
+        for (int x = 0; x < 2; ++x)
+          acc[h][b][x] = _mm256_fmadd_ps(qb, k[b][x], acc[h][b][x]);
+    }
+  }
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int b = 0; b < NB; ++b)
+    for (int x = 0; x < 2; ++x) {
+      const __m256i m = lane_mask8(n - b * kLanes - 8 * x);
+      for (int h = 0; h < NH; ++h)
+        _mm256_maskstore_ps(dst[h] + b * kLanes + 8 * x, m, _mm256_mul_ps(acc[h][b][x], vscale));
+    }
+}
+
+constexpr int64_t kValueAheadAvx2 = 16;  // V rows prefetched ahead of the value pass
+constexpr int kScoreHeadsAvx2 = 2;       // heads per score tile: 8 accumulators over 32 keys
+using ScoreTileAvx2Fn = void (*)(const float* const*, const float*, int64_t, int64_t, float,
+                                 float* const*, int64_t);
+constexpr ScoreTileAvx2Fn kScoreTilesAvx2[kScoreHeadsAvx2][2] = {
+    {&score_tile_avx2<1, 1>, &score_tile_avx2<1, 2>},
+    {&score_tile_avx2<2, 1>, &score_tile_avx2<2, 2>}};
+
+// scores_avx512 on AVX2.
+void scores_avx2(const float* const* q, int heads, const int64_t* offsets, int64_t npos,
+                 const KVCacheLayer& c, float scale, float* scores, int64_t stride,
+                 float* kt) {  // [2, Dp, 16], 64-byte aligned
+  const int64_t D = c.head_dim;
+  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
+  const float* hq[kScoreHeadsAvx2];
+  float* dst[kScoreHeadsAvx2];
+  for (int64_t b = 0; b < npos; b += 2 * kLanes) {
+    const int64_t n = std::min<int64_t>(2 * kLanes, npos - b);
+    const int nb = n > kLanes ? 2 : 1;
+    for (int blk = 0; blk < nb; ++blk) {
+      const int64_t at = b + blk * kLanes;
+      const int64_t ahead = std::clamp<int64_t>(npos - at - 2 * kLanes, 0, kLanes);
+      transpose_keys_avx2(c, offsets + at, std::min<int64_t>(kLanes, n - blk * kLanes),
+                          kt + blk * Dp * kLanes, ahead > 0 ? offsets + at + 2 * kLanes : nullptr,
+                          ahead);
+    }
+    for (int h0 = 0; h0 < heads; h0 += kScoreHeadsAvx2) {
+      const int nh = std::min(kScoreHeadsAvx2, heads - h0);
+      for (int h = 0; h < nh; ++h) {
+        hq[h] = q[h0 + h];
+        dst[h] = scores + (h0 + h) * stride + b;
+      }
+      kScoreTilesAvx2[nh - 1][nb - 1](hq, kt, Dp * kLanes, D, scale, dst, n);
+    }
+  }
+}
+
+// exp_scalar of simd.h on 8 lanes, operation for operation.
+inline __m256 exp8(__m256 x) {
+  using detail::kExpC;
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(detail::kExpMin), _CMP_LT_OQ);
+  const __m256 overflow = _mm256_cmp_ps(x, _mm256_set1_ps(detail::kExpMax), _CMP_GT_OQ);
+  x = _mm256_min_ps(x, _mm256_set1_ps(detail::kExpMax));  // NaN becomes kExpMax
+  x = _mm256_max_ps(x, _mm256_set1_ps(detail::kExpMin - 1.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(detail::kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-detail::kLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-detail::kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpC[0]);
+  for (int i = 1; i < 6; ++i)
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC[i]));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
+  return _mm256_blendv_ps(e, _mm256_set1_ps(HUGE_VALF), overflow);
+}
+
+// sg[i] = exp(sg[i] - max) for i < n, and their sum in the 16-lane order of
+// lane_sum_scalar: the portable loop's bits.
+float softmax_weights_avx2(float* sg, int64_t n) {
+  __m256 vmx = _mm256_set1_ps(sg[0]);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i m = lane_mask8(n - i);
+    vmx = _mm256_blendv_ps(vmx, _mm256_max_ps(vmx, _mm256_maskload_ps(sg + i, m)),
+                           _mm256_castsi256_ps(m));
+  }
+  alignas(32) float lanes[kLanes];
+  _mm256_store_ps(lanes, vmx);
+  float mx = lanes[0];
+  for (int l = 1; l < 8; ++l)
+    mx = std::max(mx, lanes[l]);
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i m = lane_mask8(n - i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(sg + i, m), vm));
+    _mm256_maskstore_ps(sg + i, m, e);
+    __m256& s = sum[(i / 8) % 2];  // lanes 0-7, then 8-15, of each 16
+    s = _mm256_blendv_ps(s, _mm256_add_ps(s, e), _mm256_castsi256_ps(m));
+  }
+  _mm256_store_ps(lanes, sum[0]);
+  _mm256_store_ps(lanes + 8, sum[1]);
+  return detail::tree_sum16(lanes);
+}
+#endif  // PAGELLM_KERNELS_AVX2
+
 // First attended position of a query at `pos`.
 int64_t window_start(int64_t pos, int32_t window) {
   return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
@@ -320,7 +531,7 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
     if (static_cast<int64_t>(v.size()) < n) v.resize(n);
   };
   ensure(s.scores, heads * stride);
-  ensure(s.row, D);
+  ensure(s.row, (D + 7) / 8 * 8);  // whole 8-float vectors
   ensure(s.kt, 2 * kLanes * Dp + kLanes);
   ensure(s.acc, G * D);
   ensure(s.offsets, npos);
@@ -354,11 +565,15 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   }
 
   // Scores: scores[h * stride + i] = (fma chain over d of q_h[d] * k_i[d]) * scale.
-#if defined(PAGELLM_KERNELS_AVX512)
+#if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
   if (simd) {
     float* kt = s.kt.data();
     kt += (kLanes - reinterpret_cast<uintptr_t>(kt) / sizeof(float) % kLanes) % kLanes;
+#if defined(PAGELLM_KERNELS_AVX512)
     scores_avx512(hq, heads, offsets, npos, c, scale, scores, stride, kt);
+#else
+    scores_avx2(hq, heads, offsets, npos, c, scale, scores, stride, kt);
+#endif
   } else
 #endif
   {
@@ -395,6 +610,11 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
       sum[h] = detail::lane_sum_avx512(sg, n);
       continue;
     }
+#elif defined(PAGELLM_KERNELS_AVX2)
+    if (simd) {
+      sum[h] = softmax_weights_avx2(sg, n);
+      continue;
+    }
 #endif
     float mx = sg[0];
     for (int64_t i = 1; i < n; ++i)
@@ -414,8 +634,22 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   for (int h0 = 0; h0 < heads; h0 += G) {  // the G heads of one query share its range
     std::fill(acc, acc + G * D, 0.f);
     for (int64_t i = begin[h0]; i < end[h0]; ++i) {
-      for (int64_t d = 0; d < D; ++d)
-        row[d] = load_f32(c.v, c.dtype, offsets[i] + d);
+#if defined(PAGELLM_KERNELS_AVX2)
+      if (simd) {
+        // Rows lie all over the pool: the first query of a run reads them from memory,
+        // the later ones (whose ranges hold its own) from cache.
+        if (h0 == 0 && i + kValueAheadAvx2 < end[h0]) {
+          const char* ahead =
+              static_cast<const char*>(c.v) + offsets[i + kValueAheadAvx2] * dtype_size(c.dtype);
+          for (int64_t x = 0; x < D * static_cast<int64_t>(dtype_size(c.dtype)); x += 64)
+            detail::prefetch_l1(ahead + x);
+        }
+        for (int64_t d = 0; d < D; d += 8)
+          _mm256_storeu_ps(row + d, load8(c.v, c.dtype, offsets[i] + d, D - d));
+      } else
+#endif
+        for (int64_t d = 0; d < D; ++d)
+          row[d] = load_f32(c.v, c.dtype, offsets[i] + d);
       for (int g = 0; g < G; ++g) {
         const float p = scores[(h0 + g) * stride + i];
         float* ag = acc + g * D;
@@ -452,7 +686,7 @@ void paged_attention(const float* q, const KVCacheLayer& cache, const PagedAtten
     for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; t += run)
       runs.push_back({s, t, std::min(run, batch.query_start[s + 1] - t)});
   }
-  const bool simd = detail::use_simd();
+  const bool simd = attention_simd();
   const int64_t items = static_cast<int64_t>(runs.size()) * kvh;
 
   // Later positions of a prompt attend to more keys, and the cores of a shared machine
@@ -480,7 +714,7 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
   const int kvh = cache.num_kv_heads;
   const int G = num_q_heads / kvh;
   const int64_t D = cache.head_dim;
-  const bool simd = detail::use_simd();
+  const bool simd = attention_simd();
   const int64_t items = static_cast<int64_t>(batch.num_seqs) * kvh;
 
 #pragma omp parallel for schedule(static)
