@@ -43,15 +43,6 @@ Scratch& thread_scratch() {
   return s;
 }
 
-// Whether attend takes its vector paths: AVX-512, or AVX2 for the scores and weights.
-bool attention_simd() {
-#if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
-  return !portable_kernels();
-#else
-  return false;
-#endif
-}
-
 #if defined(PAGELLM_KERNELS_AVX512)
 // out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] over head h's positions [begin[h], end[h])
 // for NH heads x NC 16-lane chunks held in registers; each element is one fma chain over
@@ -456,28 +447,6 @@ void scores_avx2(const float* const* q, int heads, const int64_t* offsets, int64
   }
 }
 
-// exp_scalar of simd.h on 8 lanes, operation for operation.
-inline __m256 exp8(__m256 x) {
-  using detail::kExpC;
-  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(detail::kExpMin), _CMP_LT_OQ);
-  const __m256 overflow = _mm256_cmp_ps(x, _mm256_set1_ps(detail::kExpMax), _CMP_GT_OQ);
-  x = _mm256_min_ps(x, _mm256_set1_ps(detail::kExpMax));  // NaN becomes kExpMax
-  x = _mm256_max_ps(x, _mm256_set1_ps(detail::kExpMin - 1.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(detail::kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-detail::kLn2Hi), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-detail::kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kExpC[0]);
-  for (int i = 1; i < 6; ++i)
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC[i]));
-  const __m256 r2 = _mm256_mul_ps(r, r);
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
-  const __m256i bits =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 e = _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
-  return _mm256_blendv_ps(e, _mm256_set1_ps(HUGE_VALF), overflow);
-}
-
 // sg[i] = exp(sg[i] - max) for i < n, and their sum in the 16-lane order of
 // lane_sum_scalar: the portable loop's bits.
 float softmax_weights_avx2(float* sg, int64_t n) {
@@ -496,7 +465,7 @@ float softmax_weights_avx2(float* sg, int64_t n) {
   __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i m = lane_mask8(n - i);
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(sg + i, m), vm));
+    const __m256 e = detail::exp8(_mm256_sub_ps(_mm256_maskload_ps(sg + i, m), vm));
     _mm256_maskstore_ps(sg + i, m, e);
     __m256& s = sum[(i / 8) % 2];  // lanes 0-7, then 8-15, of each 16
     s = _mm256_blendv_ps(s, _mm256_add_ps(s, e), _mm256_castsi256_ps(m));
@@ -686,7 +655,7 @@ void paged_attention(const float* q, const KVCacheLayer& cache, const PagedAtten
     for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; t += run)
       runs.push_back({s, t, std::min(run, batch.query_start[s + 1] - t)});
   }
-  const bool simd = attention_simd();
+  const bool simd = detail::use_simd_or_avx2();
   const int64_t items = static_cast<int64_t>(runs.size()) * kvh;
 
   // Later positions of a prompt attend to more keys, and the cores of a shared machine
@@ -714,7 +683,7 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
   const int kvh = cache.num_kv_heads;
   const int G = num_q_heads / kvh;
   const int64_t D = cache.head_dim;
-  const bool simd = attention_simd();
+  const bool simd = detail::use_simd_or_avx2();
   const int64_t items = static_cast<int64_t>(batch.num_seqs) * kvh;
 
 #pragma omp parallel for schedule(static)

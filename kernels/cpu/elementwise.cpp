@@ -68,6 +68,15 @@ void silu_mul_span(const float* gate, const float* up, int64_t n, float* out) {
       _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
     }
   }
+#elif defined(PAGELLM_KERNELS_AVX2)
+  if (detail::use_simd_or_avx2()) {
+    for (; i + 8 <= n; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 e = detail::exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+      const __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+  }
 #endif
   for (; i < n; ++i) {
     const float g = gate[i];

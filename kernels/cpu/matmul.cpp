@@ -558,11 +558,7 @@ TileRange* tile_ranges(int64_t threads) {
 template <class W>
 void matmul_typed(const float* x, const typename W::T* packed, const float* bias, int64_t m,
                   int64_t n, int64_t k, float* y) {
-#if defined(PAGELLM_MATMUL_SIMD)
-  const bool simd = !portable_kernels();
-#else
-  const bool simd = false;
-#endif
+  const bool simd = detail::use_simd_or_avx2();
   const int64_t panels = (n + kPanel - 1) / kPanel;
   if (m <= kStreamRows || k == 0) {
     // Each thread starts on a contiguous range of tiles: one region of memory. Every

@@ -135,6 +135,18 @@ void weights(const float* logits, int32_t vocab, float inv_t, float* w) {
       _mm512_storeu_ps(w + i, _mm512_mask_mov_ps(e, nan, _mm512_set1_ps(kNaN)));
     }
   }
+#elif defined(PAGELLM_KERNELS_AVX2)
+  if (detail::use_simd_or_avx2()) {
+    const __m256 mx = _mm256_set1_ps(max_logit);
+    for (; i + 8 <= vocab; i += 8) {
+      const __m256 x = _mm256_loadu_ps(w + i);
+      const __m256 top = _mm256_cmp_ps(x, mx, _CMP_EQ_OQ);
+      const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+      const __m256 e =
+          _mm256_blendv_ps(detail::exp8(_mm256_sub_ps(x, mx)), _mm256_set1_ps(1.0f), top);
+      _mm256_storeu_ps(w + i, _mm256_blendv_ps(e, _mm256_set1_ps(kNaN), nan));
+    }
+  }
 #endif
   for (; i < vocab; ++i) {
     const float x = w[i];

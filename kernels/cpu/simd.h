@@ -47,6 +47,14 @@ inline bool use_simd() {
   return false;
 #endif
 }
+// Whether a kernel with an AVX2 form takes it (or its AVX-512 one).
+inline bool use_simd_or_avx2() {
+#if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
+  return !portable_kernels();
+#else
+  return false;
+#endif
+}
 
 // Tree over 16 lanes: (l, l+8), then (l, l+4), (l, l+2), (0, 1).
 inline float tree_sum16(const float* lanes) {
@@ -165,6 +173,29 @@ inline __m512 load16(const void* p, DType t, int64_t i, __mmask16 mask) {
 }
 
 #endif  // PAGELLM_KERNELS_AVX512
+
+#if defined(PAGELLM_KERNELS_AVX2)
+// exp_scalar on 8 lanes, operation for operation (machines with AVX2 but not AVX-512).
+inline __m256 exp8(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);
+  const __m256 overflow = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMax), _CMP_GT_OQ);
+  x = _mm256_min_ps(x, _mm256_set1_ps(kExpMax));  // NaN becomes kExpMax
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin - 1.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpC[0]);
+  for (int i = 1; i < 6; ++i)
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC[i]));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
+  return _mm256_blendv_ps(e, _mm256_set1_ps(HUGE_VALF), overflow);
+}
+#endif  // PAGELLM_KERNELS_AVX2
 
 // Sum over lanes then tree (see above) of f(a[i]) for i in [0, n): lane l takes i = l,
 // l + 16, ... in order; `fma` form accumulates a[i] * b[i].
