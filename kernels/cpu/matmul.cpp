@@ -115,10 +115,11 @@ struct BF16W {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * h));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   }
+  // The high halves by two shifts, not a mask: a tile's accumulators take all but three of
+  // the 16 registers, and a mask held in a register makes GCC spill them.
   static __m256 odd(const T* p, int h) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * h));
-    return _mm256_castsi256_ps(
-        _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16));
   }
 #endif
 };
@@ -286,17 +287,16 @@ inline __m256i half_mask(int cols, int h) {
 template <class W, int P, int R, bool PF, bool NEXT>
 void tile_avx2_core(const TileArgs<W>& a) {
   static_assert(P * R <= 6);
-  __m256i mask[P][2];
-  for (int p = 0; p < P; ++p)
-    for (int h = 0; h < 2; ++h)
-      mask[p][h] = half_mask(a.ncols - kPanel * p, h);
-  __m256 acc[R][P][2];
+  constexpr int V = 2 * P;  // vectors of a row: panel p's lanes 8h .. 8h + 7 at 2p + h
+  // Accumulators as a flat [R][V] array, loaded and stored outside the loop only, with the
+  // masks made where they are used: GCC otherwise stores every accumulator to the stack on
+  // each iteration, or spills them to hold the masks.
+  __m256 acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p)
-      for (int h = 0; h < 2; ++h)
-        acc[r][p][h] = a.first
-                           ? _mm256_setzero_ps()
-                           : _mm256_maskload_ps(a.y + r * a.ldy + kPanel * p + 8 * h, mask[p][h]);
+    for (int i = 0; i < V; ++i)
+      acc[r][i] = a.first ? _mm256_setzero_ps()
+                          : _mm256_maskload_ps(a.y + r * a.ldy + 8 * i,
+                                               half_mask(a.ncols - kPanel * (i / 2), i % 2));
   const typename W::T* w = a.w;
   const float* x = a.x;
   int64_t t = 0;
@@ -311,39 +311,44 @@ void tile_avx2_core(const TileArgs<W>& a) {
       for (int p = 0; p < P; ++p)
         prefetch_pair<W>(ahead + p * a.ws);
     }
-    for (int half = 0; half < 2; ++half) {  // kk, then kk + 1
-      __m256 wv[P][2];
-      for (int p = 0; p < P; ++p)
-        for (int h = 0; h < 2; ++h)
-          wv[p][h] = half == 0 ? W::even(w + p * a.ws, h) : W::odd(w + p * a.ws, h);
+    {
+      __m256 wv[V];
+      for (int i = 0; i < V; ++i)
+        wv[i] = W::even(w + (i / 2) * a.ws, i % 2);
       for (int r = 0; r < R; ++r) {
-        const __m256 xb = _mm256_broadcast_ss(x + r * a.ldx + half);
-        for (int p = 0; p < P; ++p)
-          for (int h = 0; h < 2; ++h)
-            acc[r][p][h] = _mm256_fmadd_ps(xb, wv[p][h], acc[r][p][h]);
+        const __m256 xb = _mm256_set1_ps(x[r * a.ldx]);
+        for (int i = 0; i < V; ++i)
+          acc[r][i] = _mm256_fmadd_ps(xb, wv[i], acc[r][i]);
+      }
+    }
+    {
+      __m256 wv[V];
+      for (int i = 0; i < V; ++i)
+        wv[i] = W::odd(w + (i / 2) * a.ws, i % 2);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xb = _mm256_set1_ps(x[r * a.ldx + 1]);
+        for (int i = 0; i < V; ++i)
+          acc[r][i] = _mm256_fmadd_ps(xb, wv[i], acc[r][i]);
       }
     }
   }
   if (t < a.kn) {
-    __m256 wv[P][2];
-    for (int p = 0; p < P; ++p)
-      for (int h = 0; h < 2; ++h)
-        wv[p][h] = W::load1(w + p * a.ws, h);
+    __m256 wv[V];
+    for (int i = 0; i < V; ++i)
+      wv[i] = W::load1(w + (i / 2) * a.ws, i % 2);
     for (int r = 0; r < R; ++r) {
-      const __m256 xb = _mm256_broadcast_ss(x + r * a.ldx);
-      for (int p = 0; p < P; ++p)
-        for (int h = 0; h < 2; ++h)
-          acc[r][p][h] = _mm256_fmadd_ps(xb, wv[p][h], acc[r][p][h]);
+      const __m256 xb = _mm256_set1_ps(x[r * a.ldx]);
+      for (int i = 0; i < V; ++i)
+        acc[r][i] = _mm256_fmadd_ps(xb, wv[i], acc[r][i]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int p = 0; p < P; ++p) {
-      for (int h = 0; h < 2; ++h) {
-        __m256 v = acc[r][p][h];
-        if (a.last && a.bias != nullptr)
-          v = _mm256_add_ps(v, _mm256_maskload_ps(a.bias + kPanel * p + 8 * h, mask[p][h]));
-        _mm256_maskstore_ps(a.y + r * a.ldy + kPanel * p + 8 * h, mask[p][h], v);
-      }
+  for (int i = 0; i < V; ++i) {
+    const __m256i mask = half_mask(a.ncols - kPanel * (i / 2), i % 2);
+    for (int r = 0; r < R; ++r) {
+      __m256 v = acc[r][i];
+      if (a.last && a.bias != nullptr)
+        v = _mm256_add_ps(v, _mm256_maskload_ps(a.bias + 8 * i, mask));
+      _mm256_maskstore_ps(a.y + r * a.ldy + 8 * i, mask, v);
     }
   }
 }
