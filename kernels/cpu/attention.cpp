@@ -395,7 +395,7 @@ void score_tile_avx2(const float* const* q, const float* kt, int64_t kb, int64_t
       for (int x = 0; x < 2; ++x)
         k[b][x] = _mm256_load_ps(kt + b * kb + d * kLanes + 8 * x);
     for (int h = 0; h < NH; ++h) {
-      const __m256 qb = _mm256_broadcast_ss(q[h] + d);
+      const __m256 qb = _mm256_set1_ps(q[h][d]);
       for (int b = 0; b < NB; ++b)
         for (int x = 0; x < 2; ++x)
           acc[h][b][x] = _mm256_fmadd_ps(qb, k[b][x], acc[h][b][x]);
