@@ -298,9 +298,9 @@ void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int
 
 #if defined(PAGELLM_KERNELS_AVX2)
 // The same scores and softmax weights on 8-lane vectors, for machines with AVX2 but not
-// AVX-512 (the value pass takes the portable loop, which the compiler vectorizes): every
-// score is still one fma chain over d, every weight the exp of simd.h, every sum the
-// 16-lane order.
+// AVX-512 (the value pass takes the portable loop, which the compiler vectorizes, over V
+// rows converted by load8): every score is still one fma chain over d, every weight the
+// exp of simd.h, every sum the 16-lane order.
 
 // Transposes an 8 x 8 block of floats in registers: element e of r[j] moves to element j
 // of r[e].
@@ -373,12 +373,6 @@ void transpose_keys_avx2(const KVCacheLayer& c, const int64_t* offsets, int64_t 
   }
 }
 
-// Lanes [0, count) of 8 as a maskstore mask.
-inline __m256i lane_mask8(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(count, 0, 8))),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 // NH heads x NB blocks of 16 keys (two 8-lane halves each), as score_tile: each score one
 // fma chain over d. n: the valid keys of the NB blocks.
 template <int NH, int NB>
@@ -404,7 +398,7 @@ void score_tile_avx2(const float* const* q, const float* kt, int64_t kb, int64_t
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int b = 0; b < NB; ++b)
     for (int x = 0; x < 2; ++x) {
-      const __m256i m = lane_mask8(n - b * kLanes - 8 * x);
+      const __m256i m = detail::tail_mask8(n - b * kLanes - 8 * x);
       for (int h = 0; h < NH; ++h)
         _mm256_maskstore_ps(dst[h] + b * kLanes + 8 * x, m, _mm256_mul_ps(acc[h][b][x], vscale));
     }
@@ -452,7 +446,7 @@ void scores_avx2(const float* const* q, int heads, const int64_t* offsets, int64
 float softmax_weights_avx2(float* sg, int64_t n) {
   __m256 vmx = _mm256_set1_ps(sg[0]);
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256i m = lane_mask8(n - i);
+    const __m256i m = detail::tail_mask8(n - i);
     vmx = _mm256_blendv_ps(vmx, _mm256_max_ps(vmx, _mm256_maskload_ps(sg + i, m)),
                            _mm256_castsi256_ps(m));
   }
@@ -464,7 +458,7 @@ float softmax_weights_avx2(float* sg, int64_t n) {
   const __m256 vm = _mm256_set1_ps(mx);
   __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256i m = lane_mask8(n - i);
+    const __m256i m = detail::tail_mask8(n - i);
     const __m256 e = detail::exp8(_mm256_sub_ps(_mm256_maskload_ps(sg + i, m), vm));
     _mm256_maskstore_ps(sg + i, m, e);
     __m256& s = sum[(i / 8) % 2];  // lanes 0-7, then 8-15, of each 16

@@ -197,13 +197,27 @@ inline void prefetch_pair(const typename W::T* w) {
   for (size_t b = 0; b < 2 * kPanel * sizeof(typename W::T); b += 64)
     detail::prefetch_l1(p + b);
 }
+
+// The prefetches of a tile's step at kk = t, w the k-pair read there: each of the P
+// streams `kPrefetchBytes` ahead. NEXT (the tiles of one thread cover consecutive panels
+// over the whole of k): near the end of its panels, each stream prefetches the start of
+// the panel it reads in the next tile instead.
+template <class W, int P, bool NEXT, class Args>
+inline void prefetch_step(const typename W::T* w, int64_t t, const Args& a) {
+  const typename W::T* ahead = w;
+  if constexpr (NEXT) {
+    if ((t + 2) * kPanel * static_cast<int64_t>(sizeof(typename W::T)) + kPrefetchBytes >
+        a.kn * kPanel * static_cast<int64_t>(sizeof(typename W::T)))
+      ahead += (P - 1) * a.ws;
+  }
+  for (int p = 0; p < P; ++p)
+    prefetch_pair<W>(ahead + p * a.ws);
+}
 #endif
 
 #if defined(PAGELLM_KERNELS_AVX512)
 
-// PF: prefetch the weights ahead of the loads. NEXT (the tiles of one thread cover
-// consecutive panels over the whole of k): near the end of its panels, each stream
-// prefetches the start of the panel it reads in the next tile instead.
+// PF: prefetch the weights ahead of the loads (prefetch_step).
 template <class W, int P, int R, bool PF, bool NEXT = false>
 void tile_avx512(const TileArgs<W>& a) {
   __mmask16 mask[P];
@@ -218,16 +232,7 @@ void tile_avx512(const TileArgs<W>& a) {
   const float* x = a.x;
   int64_t t = 0;
   for (; t + 2 <= a.kn; t += 2, w += 2 * kPanel, x += 2) {
-    if constexpr (PF) {
-      const typename W::T* ahead = w;
-      if constexpr (NEXT) {
-        if ((t + 2) * kPanel * static_cast<int64_t>(sizeof(typename W::T)) + kPrefetchBytes >
-            a.kn * kPanel * static_cast<int64_t>(sizeof(typename W::T)))
-          ahead += (P - 1) * a.ws;
-      }
-      for (int p = 0; p < P; ++p)
-        prefetch_pair<W>(ahead + p * a.ws);
-    }
+    if constexpr (PF) prefetch_step<W, P, NEXT>(w, t, a);
     {
       __m512 wv[P];
       for (int p = 0; p < P; ++p)
@@ -278,8 +283,7 @@ void tile_simd(const TileArgs<W>& a) {
 #if defined(PAGELLM_KERNELS_AVX2)
 // Lanes [8h, 8h + 8) of a panel of `cols` valid outputs, as a maskload/maskstore mask.
 inline __m256i half_mask(int cols, int h) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8 * h),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return detail::tail_mask8(cols - 8 * h);
 }
 
 // tile_avx512 on 8-lane vectors: a panel's 16 accumulators are two registers, so a tile
@@ -301,16 +305,7 @@ void tile_avx2_core(const TileArgs<W>& a) {
   const float* x = a.x;
   int64_t t = 0;
   for (; t + 2 <= a.kn; t += 2, w += 2 * kPanel, x += 2) {
-    if constexpr (PF) {
-      const typename W::T* ahead = w;
-      if constexpr (NEXT) {
-        if ((t + 2) * kPanel * static_cast<int64_t>(sizeof(typename W::T)) + kPrefetchBytes >
-            a.kn * kPanel * static_cast<int64_t>(sizeof(typename W::T)))
-          ahead += (P - 1) * a.ws;
-      }
-      for (int p = 0; p < P; ++p)
-        prefetch_pair<W>(ahead + p * a.ws);
-    }
+    if constexpr (PF) prefetch_step<W, P, NEXT>(w, t, a);
     {
       __m256 wv[V];
       for (int i = 0; i < V; ++i)

@@ -1,8 +1,10 @@
 #pragma once
-// Shared building blocks of the CPU kernels, each in two forms that give the same bits:
-// an AVX-512 one and a portable scalar one. Reductions are written as 16 lane partial
-// sums followed by a fixed tree, so that both forms sum in the same order.
+// Shared building blocks of the CPU kernels, in forms that give the same bits: an AVX-512
+// one, for some an AVX2 one (machines without AVX-512), and a portable scalar one.
+// Reductions are written as 16 lane partial sums followed by a fixed tree, so that every
+// form sums in the same order.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,8 +15,9 @@
 #include <immintrin.h>
 #define PAGELLM_KERNELS_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// Without AVX-512, the matmul (most of a step) still has a vector form, on AVX2 and FMA;
-// the other kernels take their portable path.
+// Without AVX-512, the matmul, attention's scores and weights, SiLU and the sampler's
+// weights still have vector forms, on AVX2 and FMA; the other kernels take their portable
+// path.
 #include <immintrin.h>
 #define PAGELLM_KERNELS_AVX2 1
 #endif
@@ -22,7 +25,8 @@
 namespace pagellm::kernels::cpu {
 
 // The kernels run their portable path when this is set (tests compare both paths); it
-// is always the path taken on machines without AVX-512, but for the matmul's AVX2 form.
+// is always the path taken on machines without AVX-512, but by the kernels with an AVX2
+// form.
 void set_portable_kernels(bool on);
 bool portable_kernels();
 
@@ -175,6 +179,12 @@ inline __m512 load16(const void* p, DType t, int64_t i, __mmask16 mask) {
 #endif  // PAGELLM_KERNELS_AVX512
 
 #if defined(PAGELLM_KERNELS_AVX2)
+// Lanes [0, count) of 8 as a maskload/maskstore mask (none for count <= 0, all from 8).
+inline __m256i tail_mask8(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(count, 0, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // exp_scalar on 8 lanes, operation for operation (machines with AVX2 but not AVX-512).
 inline __m256 exp8(__m256 x) {
   const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);

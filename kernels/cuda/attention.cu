@@ -50,9 +50,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels.h"
@@ -1517,7 +1520,7 @@ DecodeKernel cuda_core_decode_kernel(int head_dim, int group) {
   return pick(decode_partition_kernel<T, 16, kDecodeStages>);
 }
 DecodeKernel decode_kernel(DType cache_dtype, int head_dim, int group) {
-  if (decode_mma_enabled() && decode_mma_shape(cache_dtype, head_dim))
+  if (paged_attention_decode_tensor_cores(cache_dtype, head_dim))
     return cache_dtype == DType::kF16 ? mma_decode_kernel<__half>(head_dim, group)
                                       : mma_decode_kernel<__nv_bfloat16>(head_dim, group);
   switch (cache_dtype) {
@@ -1539,33 +1542,37 @@ int decode_shared_request(int smem) {
     return e == nullptr ? 0 : std::atoi(e);
   }();
   if (cap <= 0) return smem;
-  int device = 0, per_sm = 0, reserved = 0, per_block = 0;
-  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
-  PAGELLM_CUDA_CHECK(
-      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  PAGELLM_CUDA_CHECK(
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  PAGELLM_CUDA_CHECK(
-      cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int per_sm = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
+  const int reserved = device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>();
+  const int per_block = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
   // N + 1 blocks of (request + reserved) bytes overflow the multiprocessor.
   return std::min(std::max(smem, per_sm / (cap + 1) - reserved + 1), per_block);
 }
 
-// Asks for `smem` bytes of dynamic shared memory for the kernel and for the largest
-// shared-memory carveout: its blocks are limited by shared memory, and its loads go
-// through shared memory, not L1 (the driver may otherwise pick a carveout with room for
-// fewer blocks).
-void configure_decode_kernel(void (*kernel)(DecodeParams), int smem) {
+// Lets the kernel take up to the device's most dynamic shared memory per block, and asks
+// for the largest shared-memory carveout (its blocks are limited by shared memory, and its
+// loads go through shared memory, not L1: the driver may otherwise pick a carveout with
+// room for fewer blocks). Once per kernel and device, so that a launch in a step makes no
+// driver call for it.
+void configure_decode_kernel(void (*kernel)(DecodeParams)) {
+  static std::mutex mu;
+  static std::vector<std::pair<void (*)(DecodeParams), int>> done;
+  int device = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  if (std::find(done.begin(), done.end(), std::make_pair(kernel, device)) != done.end()) return;
   PAGELLM_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()));
   PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                           cudaSharedmemCarveoutMaxShared));
+  done.emplace_back(kernel, device);
 }
 
 void launch_decode_partitions(const DecodeKernel& k, const DecodeParams& p, dim3 grid,
                               cudaStream_t stream) {
   const int smem = decode_shared_request(k.smem);
-  configure_decode_kernel(k.kernel, smem);
+  configure_decode_kernel(k.kernel);
   k.kernel<<<grid, k.threads, smem, stream>>>(p);
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
@@ -1630,7 +1637,7 @@ int paged_attention_decode_blocks_per_sm(int head_dim, int num_q_heads, int num_
   require_supported("paged_attention_decode_blocks_per_sm", head_dim, num_q_heads, num_kv_heads);
   const DecodeKernel k = decode_kernel(cache_dtype, head_dim, num_q_heads / num_kv_heads);
   const int smem = decode_shared_request(k.smem);
-  configure_decode_kernel(k.kernel, smem);
+  configure_decode_kernel(k.kernel);
   int blocks = 0;
   PAGELLM_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.kernel, k.threads, smem));
