@@ -286,6 +286,15 @@ inline __m256i half_mask(int cols, int h) {
   return detail::tail_mask8(cols - 8 * h);
 }
 
+// Keeps float32 weight vectors in registers. GCC otherwise folds their loads into every
+// fma that uses them (one load per row: 24 loads and 12 broadcasts per 24 fmas, more than
+// the load ports take), which ran the many-row tiles at half their speed.
+template <int V>
+inline void in_register(__m256 (&v)[V]) {
+  for (int i = 0; i < V; ++i)
+    asm("" : "+x"(v[i]));
+}
+
 // tile_avx512 on 8-lane vectors: a panel's 16 accumulators are two registers, so a tile
 // holds at most 12 of them (P x R <= 6), beside its weight vectors and the broadcast x.
 template <class W, int P, int R, bool PF, bool NEXT>
@@ -310,6 +319,7 @@ void tile_avx2_core(const TileArgs<W>& a) {
       __m256 wv[V];
       for (int i = 0; i < V; ++i)
         wv[i] = W::even(w + (i / 2) * a.ws, i % 2);
+      if constexpr (std::is_same_v<W, F32W>) in_register(wv);
       for (int r = 0; r < R; ++r) {
         const __m256 xb = _mm256_set1_ps(x[r * a.ldx]);
         for (int i = 0; i < V; ++i)
@@ -320,6 +330,7 @@ void tile_avx2_core(const TileArgs<W>& a) {
       __m256 wv[V];
       for (int i = 0; i < V; ++i)
         wv[i] = W::odd(w + (i / 2) * a.ws, i % 2);
+      if constexpr (std::is_same_v<W, F32W>) in_register(wv);
       for (int r = 0; r < R; ++r) {
         const __m256 xb = _mm256_set1_ps(x[r * a.ldx + 1]);
         for (int i = 0; i < V; ++i)
@@ -352,19 +363,8 @@ void tile_avx2_core(const TileArgs<W>& a) {
 // accumulator still takes kk = 0, 1, ... in order, so the results are tile_avx512's.
 template <class W, int P, int R, bool PF, bool NEXT = false>
 void tile_simd(const TileArgs<W>& a) {
-  // Float32 weights (the k-block copies of the many-row path) in tiles of 2 panels x 3
-  // rows: half the broadcasts of 1 x 6 per fma, 10 to 22% faster at 512 rows; weights
-  // converted in the tile keep 1 x 6, which was 23 to 31% slower cut that way at 96 rows.
-  constexpr bool kCopies = std::is_same_v<W, F32W>;
-  constexpr int kSub = R == 1 ? 4 : (R == 2 || (kCopies && R == 3) ? 2 : 1);
-  if constexpr (kCopies && R >= 4) {
-    constexpr int kHead = R / 2;
-    TileArgs<W> rest = a;
-    tile_simd<W, P, kHead, PF, NEXT>(a);
-    rest.x += kHead * a.ldx;
-    rest.y += kHead * a.ldy;
-    tile_simd<W, P, R - kHead, false, false>(rest);
-  } else if constexpr (P <= kSub) {
+  constexpr int kSub = R == 1 ? 4 : (R == 2 ? 2 : 1);
+  if constexpr (P <= kSub) {
     tile_avx2_core<W, P, R, PF, NEXT>(a);
   } else {
     TileArgs<W> head = a;
