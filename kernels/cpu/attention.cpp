@@ -43,6 +43,10 @@ Scratch& thread_scratch() {
   return s;
 }
 
+// A register tile of the value pass (value_tile, value_tile_avx2).
+using ValueTileFn = void (*)(const float*, int64_t, const int64_t*, const int64_t*, const int64_t*,
+                             const void*, int64_t, int64_t, const float*, float* const*);
+
 #if defined(PAGELLM_KERNELS_AVX512)
 // out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] over head h's positions [begin[h], end[h])
 // for NH heads x NC 16-lane chunks held in registers; each element is one fma chain over
@@ -93,8 +97,6 @@ void value_tile(const float* p, int64_t stride, const int64_t* begin, const int6
 }
 
 constexpr int kValueHeads = 6;  // heads per value tile: 24 accumulators over 64 dims
-using ValueTileFn = void (*)(const float*, int64_t, const int64_t*, const int64_t*, const int64_t*,
-                             const void*, int64_t, int64_t, const float*, float* const*);
 template <DType T, bool Full, int NH, int... Cs>
 constexpr std::array<ValueTileFn, 4> value_tile_row(std::integer_sequence<int, Cs...>) {
   return {&value_tile<T, NH, Cs + 1, Full>...};
@@ -297,10 +299,9 @@ void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int
 #endif
 
 #if defined(PAGELLM_KERNELS_AVX2)
-// The same scores and softmax weights on 8-lane vectors, for machines with AVX2 but not
-// AVX-512 (the value pass takes the portable loop, which the compiler vectorizes, over V
-// rows converted by load8): every score is still one fma chain over d, every weight the
-// exp of simd.h, every sum the 16-lane order.
+// The same scores, softmax weights and weighted sums on 8-lane vectors, for machines with
+// AVX2 but not AVX-512: every score is still one fma chain over d, every weight the exp
+// of simd.h, every sum the 16-lane order, every output one fma chain over positions.
 
 // Transposes an 8 x 8 block of floats in registers: element e of r[j] moves to element j
 // of r[e].
@@ -322,21 +323,30 @@ inline void transpose8(__m256 r[8]) {
   }
 }
 
+// The 8 cache elements at element offset `at`, as float32.
+template <DType T>
+inline __m256 load8(const void* base, int64_t at) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + at);
+  } else {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + at));
+    if constexpr (T == DType::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
 // Elements d0 .. d0 + 7 of the cache row at element offset `at`, as float32 (zeros past
 // `count` of them).
 inline __m256 load8(const void* base, DType t, int64_t at, int64_t count) {
   if (count >= 8) {
     switch (t) {
       case DType::kF32:
-        return _mm256_loadu_ps(static_cast<const float*>(base) + at);
+        return load8<DType::kF32>(base, at);
       case DType::kF16:
-        return _mm256_cvtph_ps(_mm_loadu_si128(
-            reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + at)));
+        return load8<DType::kF16>(base, at);
       case DType::kBF16:
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128(
-                reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + at))),
-            16));
+        return load8<DType::kBF16>(base, at);
     }
   }
   alignas(32) float tail[8] = {};
@@ -405,6 +415,105 @@ void score_tile_avx2(const float* const* q, const float* kt, int64_t kb, int64_t
 }
 
 constexpr int64_t kValueAheadAvx2 = 16;  // V rows prefetched ahead of the value pass
+
+// value_tile on 8-lane vectors: NH heads x NC 8-lane chunks in registers (NH * NC <= 12).
+// Without masked fmas, the positions where every head of the tile is in range (all but a
+// run's last queries, and a window's first positions) take plain fmas; at the others each
+// head's fma result is blended in only where the head is in range, so its accumulators
+// are left untouched elsewhere whatever p and v hold there.
+template <DType T, int NH, int NC, bool Full>
+void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const int64_t* end,
+                     const int64_t* offsets, const void* v, int64_t d0, int64_t D,
+                     const float* sum, float* const* out) {
+  static_assert(NH * NC <= 12);
+  __m256 acc[NH][NC];
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < NC; ++c)
+      acc[h][c] = _mm256_setzero_ps();
+  const int64_t first = *std::min_element(begin, begin + NH);
+  const int64_t last = *std::max_element(end, end + NH);
+  // Every head is in range on [all_begin, all_end).
+  const int64_t all_begin = *std::max_element(begin, begin + NH);
+  const int64_t all_end = std::max(all_begin, *std::min_element(end, end + NH));
+  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(T));
+  const auto load_row = [&](int64_t i, __m256(&vv)[NC]) {
+    if (d0 == 0 && i + kValueAheadAvx2 < last) {
+      const char* ahead =
+          static_cast<const char*>(v) + offsets[i + kValueAheadAvx2] * dtype_size(T);
+      for (int64_t x = 0; x < row_bytes; x += 64)
+        detail::prefetch_l1(ahead + x);
+    }
+    for (int c = 0; c < NC; ++c)
+      vv[c] = Full ? load8<T>(v, offsets[i] + d0 + 8 * c)
+                   : load8(v, T, offsets[i] + d0 + 8 * c, D - d0 - 8 * c);
+  };
+  const auto blended = [&](int64_t from, int64_t to) {
+    for (int64_t i = from; i < to; ++i) {
+      __m256 vv[NC];
+      load_row(i, vv);
+      for (int h = 0; h < NH; ++h) {
+        const __m256 on = _mm256_castsi256_ps(
+            _mm256_set1_epi32(-static_cast<int>((begin[h] <= i) & (i < end[h]))));
+        const __m256 pb = _mm256_set1_ps(p[h * stride + i]);
+        for (int c = 0; c < NC; ++c)
+          acc[h][c] = _mm256_blendv_ps(acc[h][c], _mm256_fmadd_ps(pb, vv[c], acc[h][c]), on);
+      }
+    }
+  };
+  blended(first, all_begin);
+  for (int64_t i = all_begin; i < all_end; ++i) {
+    __m256 vv[NC];
+    load_row(i, vv);
+    for (int h = 0; h < NH; ++h) {
+      const __m256 pb = _mm256_set1_ps(p[h * stride + i]);
+      for (int c = 0; c < NC; ++c)
+        acc[h][c] = _mm256_fmadd_ps(pb, vv[c], acc[h][c]);
+    }
+  }
+  blended(all_end, last);
+  for (int h = 0; h < NH; ++h) {
+    const __m256 vs = _mm256_set1_ps(sum[h]);
+    for (int c = 0; c < NC; ++c) {
+      const __m256i m = detail::tail_mask8(D - d0 - 8 * c);
+      _mm256_maskstore_ps(out[h] + d0 + 8 * c, m, _mm256_div_ps(acc[h][c], vs));
+    }
+  }
+}
+
+constexpr int kValueHeadsAvx2 = 6;  // heads per value tile: 12 accumulators over 16 dims
+constexpr int kValueChunksAvx2 = 2;
+template <DType T, bool Full, int... Hs>
+constexpr std::array<std::array<ValueTileFn, kValueChunksAvx2>, kValueHeadsAvx2> value_table_avx2(
+    std::integer_sequence<int, Hs...>) {
+  return {std::array<ValueTileFn, kValueChunksAvx2>{&value_tile_avx2<T, Hs + 1, 1, Full>,
+                                                    &value_tile_avx2<T, Hs + 1, 2, Full>}...};
+}
+// [Full][NH - 1][NC - 1]
+template <DType T>
+constexpr std::array<std::array<std::array<ValueTileFn, kValueChunksAvx2>, kValueHeadsAvx2>, 2>
+    kValueTilesAvx2 = {
+        value_table_avx2<T, false>(std::make_integer_sequence<int, kValueHeadsAvx2>{}),
+        value_table_avx2<T, true>(std::make_integer_sequence<int, kValueHeadsAvx2>{})};
+
+// accumulate_values_avx512 on AVX2: tiles of up to 6 heads x 16 dims.
+void accumulate_values_avx2(const float* scores, int64_t stride, const int64_t* begin,
+                            const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
+                            int heads, const float* sum, float* const* out) {
+  const int64_t D = c.head_dim;
+  const int64_t chunks = (D + 7) / 8;
+  const auto& tiles = c.dtype == DType::kF32   ? kValueTilesAvx2<DType::kF32>
+                      : c.dtype == DType::kF16 ? kValueTilesAvx2<DType::kF16>
+                                               : kValueTilesAvx2<DType::kBF16>;
+  for (int h0 = 0; h0 < heads; h0 += kValueHeadsAvx2) {
+    const int NH = std::min(kValueHeadsAvx2, heads - h0);
+    for (int64_t c0 = 0; c0 < chunks; c0 += kValueChunksAvx2) {
+      const int NC = static_cast<int>(std::min<int64_t>(kValueChunksAvx2, chunks - c0));
+      const bool full = (c0 + NC) * 8 <= D;
+      tiles[full ? 1 : 0][NH - 1][NC - 1](scores + h0 * stride, stride, begin + h0, end + h0,
+                                          offsets, c.v, c0 * 8, D, sum + h0, out + h0);
+    }
+  }
+}
 constexpr int kScoreHeadsAvx2 = 2;       // heads per score tile: 8 accumulators over 32 keys
 using ScoreTileAvx2Fn = void (*)(const float* const*, const float*, int64_t, int64_t, float,
                                  float* const*, int64_t);
@@ -593,26 +702,17 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
     accumulate_values_avx512(scores, stride, begin, end, offsets, c, heads, sum, outs);
     return;
   }
+#elif defined(PAGELLM_KERNELS_AVX2)
+  if (simd) {
+    accumulate_values_avx2(scores, stride, begin, end, offsets, c, heads, sum, outs);
+    return;
+  }
 #endif
   for (int h0 = 0; h0 < heads; h0 += G) {  // the G heads of one query share its range
     std::fill(acc, acc + G * D, 0.f);
     for (int64_t i = begin[h0]; i < end[h0]; ++i) {
-#if defined(PAGELLM_KERNELS_AVX2)
-      if (simd) {
-        // Rows lie all over the pool: the first query of a run reads them from memory,
-        // the later ones (whose ranges hold its own) from cache.
-        if (h0 == 0 && i + kValueAheadAvx2 < end[h0]) {
-          const char* ahead =
-              static_cast<const char*>(c.v) + offsets[i + kValueAheadAvx2] * dtype_size(c.dtype);
-          for (int64_t x = 0; x < D * static_cast<int64_t>(dtype_size(c.dtype)); x += 64)
-            detail::prefetch_l1(ahead + x);
-        }
-        for (int64_t d = 0; d < D; d += 8)
-          _mm256_storeu_ps(row + d, load8(c.v, c.dtype, offsets[i] + d, D - d));
-      } else
-#endif
-        for (int64_t d = 0; d < D; ++d)
-          row[d] = load_f32(c.v, c.dtype, offsets[i] + d);
+      for (int64_t d = 0; d < D; ++d)
+        row[d] = load_f32(c.v, c.dtype, offsets[i] + d);
       for (int g = 0; g < G; ++g) {
         const float p = scores[(h0 + g) * stride + i];
         float* ag = acc + g * D;
