@@ -43,6 +43,15 @@ Scratch& thread_scratch() {
   return s;
 }
 
+// Prefetches one cache row (a token's head_dim values for one KV head) at element offset
+// `at` of K or V.
+inline void prefetch_cache_row(const void* base, DType t, int64_t at, int64_t head_dim) {
+  const char* row = static_cast<const char*>(base) + at * dtype_size(t);
+  const int64_t bytes = head_dim * dtype_size(t);
+  for (int64_t x = 0; x < bytes; x += 64)
+    detail::prefetch_l1(row + x);
+}
+
 // A register tile of the value pass (value_tile, value_tile_avx2).
 using ValueTileFn = void (*)(const float*, int64_t, const int64_t*, const int64_t*, const int64_t*,
                              const void*, int64_t, int64_t, const float*, float* const*);
@@ -71,13 +80,8 @@ void value_tile(const float* p, int64_t stride, const int64_t* begin, const int6
       acc[h][c] = _mm512_setzero_ps();
   const int64_t first = *std::min_element(begin, begin + NH);
   const int64_t last = *std::max_element(end, end + NH);
-  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(T));
   for (int64_t i = first; i < last; ++i) {
-    if (d0 == 0 && i + kValueAhead < last) {
-      const char* ahead = static_cast<const char*>(v) + offsets[i + kValueAhead] * dtype_size(T);
-      for (int64_t x = 0; x < row_bytes; x += 64)
-        detail::prefetch_l1(ahead + x);
-    }
+    if (d0 == 0 && i + kValueAhead < last) prefetch_cache_row(v, T, offsets[i + kValueAhead], D);
     __m512 vv[NC];
     for (int c = 0; c < NC; ++c)
       vv[c] = Full ? detail::load16(v, T, offsets[i] + d0 + c * kLanes)
@@ -186,12 +190,8 @@ inline void transpose16(__m512 r[16]) {
 void transpose_keys(const KVCacheLayer& c, const int64_t* offsets, int64_t n, float* kt,
                     const int64_t* ahead, int64_t ahead_n) {
   const int64_t D = c.head_dim;
-  const int64_t row_bytes = D * dtype_size(c.dtype);
   const auto prefetch_row = [&](int64_t j) {
-    if (j >= ahead_n) return;
-    const char* row = static_cast<const char*>(c.k) + ahead[j] * dtype_size(c.dtype);
-    for (int64_t x = 0; x < row_bytes; x += 64)
-      detail::prefetch_l1(row + x);
+    if (j < ahead_n) prefetch_cache_row(c.k, c.dtype, ahead[j], D);
   };
   __m512 r[16];
   if (c.dtype == DType::kBF16 && D % 2 == 0) {
@@ -362,12 +362,8 @@ void transpose_keys_avx2(const KVCacheLayer& c, const int64_t* offsets, int64_t 
                          const int64_t* ahead, int64_t ahead_n) {
   const int64_t D = c.head_dim;
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
-  const int64_t row_bytes = D * dtype_size(c.dtype);
-  for (int64_t j = 0; j < ahead_n; ++j) {
-    const char* row = static_cast<const char*>(c.k) + ahead[j] * dtype_size(c.dtype);
-    for (int64_t x = 0; x < row_bytes; x += 64)
-      detail::prefetch_l1(row + x);
-  }
+  for (int64_t j = 0; j < ahead_n; ++j)
+    prefetch_cache_row(c.k, c.dtype, ahead[j], D);
   __m256 r[8];
   for (int64_t d0 = 0; d0 < Dp; d0 += 8) {
     for (int64_t g = 0; g < 2; ++g) {  // keys 8g .. 8g + 7
@@ -423,8 +419,8 @@ constexpr int64_t kValueAheadAvx2 = 16;  // V rows prefetched ahead of the value
 // are left untouched elsewhere whatever p and v hold there.
 template <DType T, int NH, int NC, bool Full>
 void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const int64_t* end,
-                     const int64_t* offsets, const void* v, int64_t d0, int64_t D,
-                     const float* sum, float* const* out) {
+                     const int64_t* offsets, const void* v, int64_t d0, int64_t D, const float* sum,
+                     float* const* out) {
   static_assert(NH * NC <= 12);
   __m256 acc[NH][NC];
   for (int h = 0; h < NH; ++h)
@@ -435,14 +431,9 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
   // Every head is in range on [all_begin, all_end).
   const int64_t all_begin = *std::max_element(begin, begin + NH);
   const int64_t all_end = std::max(all_begin, *std::min_element(end, end + NH));
-  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(T));
   const auto load_row = [&](int64_t i, __m256(&vv)[NC]) {
-    if (d0 == 0 && i + kValueAheadAvx2 < last) {
-      const char* ahead =
-          static_cast<const char*>(v) + offsets[i + kValueAheadAvx2] * dtype_size(T);
-      for (int64_t x = 0; x < row_bytes; x += 64)
-        detail::prefetch_l1(ahead + x);
-    }
+    if (d0 == 0 && i + kValueAheadAvx2 < last)
+      prefetch_cache_row(v, T, offsets[i + kValueAheadAvx2], D);
     for (int c = 0; c < NC; ++c)
       vv[c] = Full ? load8<T>(v, offsets[i] + d0 + 8 * c)
                    : load8(v, T, offsets[i] + d0 + 8 * c, D - d0 - 8 * c);
@@ -514,7 +505,8 @@ void accumulate_values_avx2(const float* scores, int64_t stride, const int64_t* 
     }
   }
 }
-constexpr int kScoreHeadsAvx2 = 2;       // heads per score tile: 8 accumulators over 32 keys
+
+constexpr int kScoreHeadsAvx2 = 2;  // heads per score tile: 8 accumulators over 32 keys
 using ScoreTileAvx2Fn = void (*)(const float* const*, const float*, int64_t, int64_t, float,
                                  float* const*, int64_t);
 constexpr ScoreTileAvx2Fn kScoreTilesAvx2[kScoreHeadsAvx2][2] = {
@@ -603,7 +595,7 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
     if (static_cast<int64_t>(v.size()) < n) v.resize(n);
   };
   ensure(s.scores, heads * stride);
-  ensure(s.row, (D + 7) / 8 * 8);  // whole 8-float vectors
+  ensure(s.row, D);
   ensure(s.kt, 2 * kLanes * Dp + kLanes);
   ensure(s.acc, G * D);
   ensure(s.offsets, npos);
