@@ -248,6 +248,8 @@ void register_all() {
                                  [n, k](benchmark::State& st) { BM_MatmulBF16(st, n, k); })
         ->ArgName("m")
         ->Arg(1)
+        ->Arg(5)
+        ->Arg(6)
         ->Arg(8)
         ->Arg(16)
         ->Arg(32)

@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <type_traits>
@@ -43,11 +44,19 @@ constexpr int kGemvPanels = 8;     // panels side by side when m = 1: 8 memory s
 constexpr int64_t kKBlock = 256;   // k-block of the float32 copies: 4 panels x 256 = 64 KiB
 constexpr int64_t kRowChunk = 96;  // rows per work item when m is large
 // Up to this many rows the weights are streamed once from memory and converted in the
-// register tiles; each k-block of a tile's panels stays in L1 while every row tile uses it.
+// register tiles; each k-block of a tile's panels stays in cache while every row tile uses it.
 // That beats the float32 copies (64 KiB blocks, read from L2) up to about 100 rows: the
 // steps that join one 64-token prompt to a batch of decodes.
 constexpr int64_t kStreamRows = 96;
+#if defined(PAGELLM_KERNELS_AVX512)
 constexpr int64_t kStreamKBlock = 256;  // 4 bf16 panels x 256 = 32 KiB
+#else
+// AVX2 tiles of more than one row are one panel wide, run one after another: k-blocks of
+// 256 restarted each panel's stream every 8 KiB and reloaded the accumulators, and the
+// whole of k (the other row tiles reading the tile's panels from L2) ran 1.2 to 1.6 times
+// faster at 8 to 96 rows.
+constexpr int64_t kStreamKBlock = std::numeric_limits<int64_t>::max();
+#endif
 // How far ahead of its loads each weight stream is prefetched.
 constexpr int64_t kPrefetchBytes = 1024;
 
@@ -295,6 +304,100 @@ inline void in_register(__m256 (&v)[V]) {
     asm("" : "+x"(v[i]));
 }
 
+#if defined(__x86_64__)
+#define PAGELLM_MATMUL_BF16_ASM 1
+// The k-pair loop of a one-panel bf16 tile, written out. GCC's register allocation of
+// the same loop in intrinsics depends on R: at 5 rows it moved accumulators between
+// registers and through the stack on every step, and the tile ran slower than at 6 rows.
+// Here row r's accumulators are ymm(2r) and ymm(2r + 1) for the whole loop; ymm12 and
+// ymm13 hold the converted weights, ymm14 the broadcast x and ymm15 the mask.
+//
+// Row r's x is at x0 + r * s for r < 3 and at x3 + (r - 3) * s above (s = ldx in bytes).
+// A step does what tile_avx2_core's step does, in the same order: the even kk of both
+// halves of the panel (the low 16 bits of each 32-bit lane, shifted up) times each row's
+// x[kk], then the odd kk (the high 16 bits, masked) times x[kk + 1].
+// clang-format off
+#define PAGELLM_IF_ROW(r) ".if %c[rows] > " #r "\n\t"
+#define PAGELLM_ROW(r, lo, hi, off, addr)           \
+  PAGELLM_IF_ROW(r)                                 \
+  "vbroadcastss " #off addr ", %%ymm14\n\t"         \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm" #lo "\n\t"  \
+  "vfmadd231ps %%ymm13, %%ymm14, %%ymm" #hi "\n\t"  \
+  ".endif\n\t"
+#define PAGELLM_ROWS(off)                          \
+  PAGELLM_ROW(0, 0, 1, off, "(%[x0])")             \
+  PAGELLM_ROW(1, 2, 3, off, "(%[x0],%[s])")        \
+  PAGELLM_ROW(2, 4, 5, off, "(%[x0],%[s],2)")      \
+  PAGELLM_ROW(3, 6, 7, off, "(%[x3])")             \
+  PAGELLM_ROW(4, 8, 9, off, "(%[x3],%[s])")        \
+  PAGELLM_ROW(5, 10, 11, off, "(%[x3],%[s],2)")
+#define PAGELLM_MOVE_ROW(r, lo, hi, load)                     \
+  PAGELLM_IF_ROW(r)                                           \
+  load(64 * r, lo)                                            \
+  load(64 * r + 32, hi)                                       \
+  ".endif\n\t"
+#define PAGELLM_LOAD(off, reg) "vmovups " #off "(%[acc]), %%ymm" #reg "\n\t"
+#define PAGELLM_STORE(off, reg) "vmovups %%ymm" #reg ", " #off "(%[acc])\n\t"
+#define PAGELLM_MOVE_ROWS(load)         \
+  PAGELLM_MOVE_ROW(0, 0, 1, load)       \
+  PAGELLM_MOVE_ROW(1, 2, 3, load)       \
+  PAGELLM_MOVE_ROW(2, 4, 5, load)       \
+  PAGELLM_MOVE_ROW(3, 6, 7, load)       \
+  PAGELLM_MOVE_ROW(4, 8, 9, load)       \
+  PAGELLM_MOVE_ROW(5, 10, 11, load)
+// clang-format on
+
+alignas(32) constexpr uint32_t kHighHalves[8] = {0xffff0000u, 0xffff0000u, 0xffff0000u,
+                                                 0xffff0000u, 0xffff0000u, 0xffff0000u,
+                                                 0xffff0000u, 0xffff0000u};
+
+// acc[r][h] += the `pairs` (> 0) k-pairs of one bf16 panel (w) times rows [0, R) of x;
+// PF: prefetch each step's line `kPrefetchBytes` ahead, as prefetch_step does for one panel.
+// Volatile: the asm's effect is on acc, through memory, not on its outputs.
+template <int R, bool PF>
+inline void bf16_panel_pairs(__m256 (&acc)[R][2], const uint16_t* w, const float* x, int64_t ldx,
+                             int64_t pairs) {
+  static_assert(R >= 1 && R <= 6);
+  uintptr_t x0 = reinterpret_cast<uintptr_t>(x);
+  uintptr_t x3 = x0 + 3 * sizeof(float) * ldx;
+  // clang-format off
+  asm volatile(PAGELLM_MOVE_ROWS(PAGELLM_LOAD)
+      "vmovdqa %[mask], %%ymm15\n\t"
+      "1:\n\t"
+      ".if %c[pf]\n\t"
+      "prefetcht0 %c[ahead](%[w])\n\t"
+      ".endif\n\t"
+      "vmovdqu (%[w]), %%ymm12\n\t"
+      "vmovdqu 32(%[w]), %%ymm13\n\t"
+      "vpslld $16, %%ymm12, %%ymm12\n\t"
+      "vpslld $16, %%ymm13, %%ymm13\n\t"
+      PAGELLM_ROWS(0)
+      "vpand (%[w]), %%ymm15, %%ymm12\n\t"
+      "vpand 32(%[w]), %%ymm15, %%ymm13\n\t"
+      PAGELLM_ROWS(4)
+      "add $64, %[w]\n\t"
+      "add $8, %[x0]\n\t"
+      "add $8, %[x3]\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      PAGELLM_MOVE_ROWS(PAGELLM_STORE)
+      : [w] "+r"(w), [x0] "+r"(x0), [x3] "+r"(x3), [n] "+r"(pairs)
+      : [acc] "r"(&acc[0][0]), [s] "r"(sizeof(float) * ldx),
+        [mask] "m"(*reinterpret_cast<const __m256i*>(kHighHalves)), [pf] "i"(PF ? 1 : 0),
+        [ahead] "i"(kPrefetchBytes), [rows] "i"(R)
+      : "cc", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+        "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+  // clang-format on
+}
+#undef PAGELLM_MOVE_ROWS
+#undef PAGELLM_STORE
+#undef PAGELLM_LOAD
+#undef PAGELLM_MOVE_ROW
+#undef PAGELLM_ROWS
+#undef PAGELLM_ROW
+#undef PAGELLM_IF_ROW
+#endif  // __x86_64__
+
 // tile_avx512 on 8-lane vectors: a panel's 16 accumulators are two registers, so a tile
 // holds at most 12 of them (P x R <= 6), beside its weight vectors and the broadcast x.
 template <class W, int P, int R, bool PF, bool NEXT>
@@ -313,6 +416,17 @@ void tile_avx2_core(const TileArgs<W>& a) {
   const typename W::T* w = a.w;
   const float* x = a.x;
   int64_t t = 0;
+#if defined(PAGELLM_MATMUL_BF16_ASM)
+  if constexpr (std::is_same_v<W, BF16W> && P == 1) {
+    const int64_t pairs = a.kn / 2;
+    if (pairs > 0) {
+      bf16_panel_pairs<R, PF>(acc, w, x, a.ldx, pairs);
+      t = 2 * pairs;
+      w += 2 * kPanel * pairs;
+      x += 2 * pairs;
+    }
+  }
+#endif
   for (; t + 2 <= a.kn; t += 2, w += 2 * kPanel, x += 2) {
     if constexpr (PF) prefetch_step<W, P, NEXT>(w, t, a);
     {
@@ -491,7 +605,8 @@ inline int64_t balanced_start(int64_t count, int64_t parts, int64_t i) {
 
 // Few rows: the panels are cut into tiles of `width` panels, each streamed once from
 // memory. A tile runs its row tiles over one k-block at a time, so the block is read from
-// memory by the first row tile (with prefetch) and from L1 by the others.
+// memory by the first row tile (with prefetch) and from L1 (AVX2: the whole of k, from L2)
+// by the others.
 template <class W>
 struct StreamTiles {
   bool simd;
@@ -509,7 +624,7 @@ struct StreamTiles {
     const typename W::T* group = packed + col0 * k;
     const float* gbias = bias != nullptr ? bias + col0 : nullptr;
     const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
-    const int64_t kblock = row_tiles == 1 ? std::max<int64_t>(k, 1) : kStreamKBlock;
+    const int64_t kblock = std::max<int64_t>(row_tiles == 1 ? k : std::min(k, kStreamKBlock), 1);
     int64_t k0 = 0;
     do {
       const int64_t k1 = std::min(k, k0 + kblock);
