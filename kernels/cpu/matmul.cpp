@@ -173,6 +173,11 @@ struct TileArgs {
   float* y;           // [R, ldy]
   int64_t ldy;
   int ncols;  // valid outputs in this tile, <= P * 16
+  // A second prefetch stream, into L2: bytes the next tile will read, `next_step` more on
+  // each k-pair, continued by the following panel of the tile. Only the AVX2 bf16 one-panel
+  // loop takes it.
+  const char* next = nullptr;
+  int64_t next_step = 0;
 };
 
 template <class W>
@@ -352,20 +357,28 @@ alignas(32) constexpr uint32_t kHighHalves[8] = {0xffff0000u, 0xffff0000u, 0xfff
                                                  0xffff0000u, 0xffff0000u};
 
 // acc[r][h] += the `pairs` (> 0) k-pairs of one bf16 panel (w) times rows [0, R) of x;
-// PF: prefetch each step's line `kPrefetchBytes` ahead, as prefetch_step does for one panel.
+// PF: prefetch each step's line `kPrefetchBytes` ahead, as prefetch_step does for one panel;
+// else, with `next`, prefetch into L2 from `next` on, `next_step` bytes further each step.
 // Volatile: the asm's effect is on acc, through memory, not on its outputs.
 template <int R, bool PF>
 inline void bf16_panel_pairs(__m256 (&acc)[R][2], const uint16_t* w, const float* x, int64_t ldx,
-                             int64_t pairs) {
+                             int64_t pairs, const char* next, int64_t next_step) {
   static_assert(R >= 1 && R <= 6);
   uintptr_t x0 = reinterpret_cast<uintptr_t>(x);
   uintptr_t x3 = x0 + 3 * sizeof(float) * ldx;
+  if (next == nullptr) {
+    next = reinterpret_cast<const char*>(w);  // a line the loop reads anyway
+    next_step = 0;
+  }
   // clang-format off
   asm volatile(PAGELLM_MOVE_ROWS(PAGELLM_LOAD)
       "vmovdqa %[mask], %%ymm15\n\t"
       "1:\n\t"
       ".if %c[pf]\n\t"
       "prefetcht0 %c[ahead](%[w])\n\t"
+      ".else\n\t"
+      "prefetcht1 (%[next])\n\t"
+      "add %[next_step], %[next]\n\t"
       ".endif\n\t"
       "vmovdqu (%[w]), %%ymm12\n\t"
       "vmovdqu 32(%[w]), %%ymm13\n\t"
@@ -381,8 +394,8 @@ inline void bf16_panel_pairs(__m256 (&acc)[R][2], const uint16_t* w, const float
       "dec %[n]\n\t"
       "jnz 1b\n\t"
       PAGELLM_MOVE_ROWS(PAGELLM_STORE)
-      : [w] "+r"(w), [x0] "+r"(x0), [x3] "+r"(x3), [n] "+r"(pairs)
-      : [acc] "r"(&acc[0][0]), [s] "r"(sizeof(float) * ldx),
+      : [w] "+r"(w), [x0] "+r"(x0), [x3] "+r"(x3), [n] "+r"(pairs), [next] "+r"(next)
+      : [acc] "r"(&acc[0][0]), [s] "r"(sizeof(float) * ldx), [next_step] "r"(next_step),
         [mask] "m"(*reinterpret_cast<const __m256i*>(kHighHalves)), [pf] "i"(PF ? 1 : 0),
         [ahead] "i"(kPrefetchBytes), [rows] "i"(R)
       : "cc", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
@@ -420,7 +433,7 @@ void tile_avx2_core(const TileArgs<W>& a) {
   if constexpr (std::is_same_v<W, BF16W> && P == 1) {
     const int64_t pairs = a.kn / 2;
     if (pairs > 0) {
-      bf16_panel_pairs<R, PF>(acc, w, x, a.ldx, pairs);
+      bf16_panel_pairs<R, PF>(acc, w, x, a.ldx, pairs, a.next, a.next_step);
       t = 2 * pairs;
       w += 2 * kPanel * pairs;
       x += 2 * pairs;
@@ -487,6 +500,7 @@ void tile_simd(const TileArgs<W>& a) {
     if (a.ncols <= kSub * kPanel) return;
     TileArgs<W> rest = a;
     rest.w += kSub * a.ws;
+    if (rest.next != nullptr) rest.next += a.kn / 2 * a.next_step;
     rest.y += kSub * kPanel;
     if (rest.bias != nullptr) rest.bias += kSub * kPanel;
     rest.ncols -= kSub * kPanel;
@@ -625,15 +639,30 @@ struct StreamTiles {
     const float* gbias = bias != nullptr ? bias + col0 : nullptr;
     const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
     const int64_t kblock = std::max<int64_t>(row_tiles == 1 ? k : std::min(k, kStreamKBlock), 1);
+    // Over the whole of k, the last two row tiles (which read this tile from cache; never
+    // the first) prefetch the tile that follows in memory, the one this thread most likely
+    // runs next: its first row tile then reads from L2 instead of stalling on memory.
+    const char* next = nullptr;
+    int64_t next_step = 0;
+    const int64_t fetchers = std::min<int64_t>(2, row_tiles - 1);
+    const int64_t pair_steps = fetchers * P * (k / 2);
+    if (kblock == k && i + 1 < count && pair_steps > 0) {
+      next = reinterpret_cast<const char*>(group + P * k * kPanel);
+      const int64_t bytes = balanced(panels, count, i + 1) * k * kPanel * sizeof(typename W::T);
+      next_step = (bytes + pair_steps - 1) / pair_steps;
+    }
     int64_t k0 = 0;
     do {
       const int64_t k1 = std::min(k, k0 + kblock);
       int64_t r0 = 0;
       for (int64_t t = 0; t < row_tiles; ++t) {
         const int R = static_cast<int>(balanced(m, row_tiles, t));
-        const TileArgs<W> a{
-            x + r0 * k + k0, k,     group + k0 * kPanel, k * kPanel, k1 - k0, k0 == 0,
-            k1 == k,         gbias, y + r0 * n + col0,   n,          ncols};
+        TileArgs<W> a{x + r0 * k + k0, k,     group + k0 * kPanel, k * kPanel, k1 - k0, k0 == 0,
+                      k1 == k,         gbias, y + r0 * n + col0,   n,          ncols};
+        if (next != nullptr && t >= row_tiles - fetchers) {
+          a.next = next + (t - (row_tiles - fetchers)) * P * (k / 2) * next_step;
+          a.next_step = next_step;
+        }
         run_tile(simd, P, R, t == 0, a);
         r0 += R;
       }
