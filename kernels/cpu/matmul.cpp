@@ -174,7 +174,7 @@ struct TileArgs {
   int64_t ldy;
   int ncols;  // valid outputs in this tile, <= P * 16
   // A second prefetch stream, into L2: bytes the next tile will read, `next_step` more on
-  // each k-pair, continued by the following panel of the tile. Only the AVX2 bf16 one-panel
+  // each k-pair, continued by the following panel of the tile. Only the AVX2 one-panel
   // loop takes it.
   const char* next = nullptr;
   int64_t next_step = 0;
@@ -310,17 +310,20 @@ inline void in_register(__m256 (&v)[V]) {
 }
 
 #if defined(__x86_64__)
-#define PAGELLM_MATMUL_BF16_ASM 1
-// The k-pair loop of a one-panel bf16 tile, written out. GCC's register allocation of
-// the same loop in intrinsics depends on R: at 5 rows it moved accumulators between
-// registers and through the stack on every step, and the tile ran slower than at 6 rows.
-// Here row r's accumulators are ymm(2r) and ymm(2r + 1) for the whole loop; ymm12 and
-// ymm13 hold the converted weights, ymm14 the broadcast x and ymm15 the mask.
+#define PAGELLM_MATMUL_PANEL_ASM 1
+// The k-pair loop of a one-panel tile, written out. GCC's register allocation of the same
+// loop in intrinsics depends on R: at 5 rows it moved accumulators between registers and
+// through the stack on every step, and the bf16 tile ran slower than at 6 rows. Here row
+// r's accumulators are ymm(2r) and ymm(2r + 1) for the whole loop; ymm12 and ymm13 hold
+// the two halves of the panel's weights for one kk, ymm14 the broadcast x and ymm15 the
+// bf16 mask.
 //
 // Row r's x is at x0 + r * s for r < 3 and at x3 + (r - 3) * s above (s = ldx in bytes).
-// A step does what tile_avx2_core's step does, in the same order: the even kk of both
-// halves of the panel (the low 16 bits of each 32-bit lane, shifted up) times each row's
-// x[kk], then the odd kk (the high 16 bits, masked) times x[kk + 1].
+// A step does what tile_avx2_core's step does, in the same order: the even kk times each
+// row's x[kk], then the odd kk times x[kk + 1]. The weights of a kk, as W's even() and
+// odd() make them: bf16, the low 16 bits of each 32-bit lane shifted up (even) or the
+// high 16 bits masked (odd); float16, converted from 32 bytes, 32 bytes on; float32, 64
+// bytes, 64 bytes on.
 // clang-format off
 #define PAGELLM_IF_ROW(r) ".if %c[rows] > " #r "\n\t"
 #define PAGELLM_ROW(r, lo, hi, off, addr)           \
@@ -352,17 +355,23 @@ inline void in_register(__m256 (&v)[V]) {
   PAGELLM_MOVE_ROW(5, 10, 11, load)
 // clang-format on
 
+// The asm's name for each weight type.
+template <class W>
+constexpr int kAsmWeight = std::is_same_v<W, BF16W>  ? 0
+                           : std::is_same_v<W, F16W> ? 1
+                                                     : 2;
+
 alignas(32) constexpr uint32_t kHighHalves[8] = {0xffff0000u, 0xffff0000u, 0xffff0000u,
                                                  0xffff0000u, 0xffff0000u, 0xffff0000u,
                                                  0xffff0000u, 0xffff0000u};
 
-// acc[r][h] += the `pairs` (> 0) k-pairs of one bf16 panel (w) times rows [0, R) of x;
+// acc[r][h] += the `pairs` (> 0) k-pairs of one panel (w) times rows [0, R) of x;
 // PF: prefetch each step's line `kPrefetchBytes` ahead, as prefetch_step does for one panel;
 // else, with `next`, prefetch into L2 from `next` on, `next_step` bytes further each step.
 // Volatile: the asm's effect is on acc, through memory, not on its outputs.
-template <int R, bool PF>
-inline void bf16_panel_pairs(__m256 (&acc)[R][2], const uint16_t* w, const float* x, int64_t ldx,
-                             int64_t pairs, const char* next, int64_t next_step) {
+template <class W, int R, bool PF>
+inline void panel_pairs(__m256 (&acc)[R][2], const typename W::T* w, const float* x, int64_t ldx,
+                        int64_t pairs, const char* next, int64_t next_step) {
   static_assert(R >= 1 && R <= 6);
   uintptr_t x0 = reinterpret_cast<uintptr_t>(x);
   uintptr_t x3 = x0 + 3 * sizeof(float) * ldx;
@@ -376,19 +385,41 @@ inline void bf16_panel_pairs(__m256 (&acc)[R][2], const uint16_t* w, const float
       "1:\n\t"
       ".if %c[pf]\n\t"
       "prefetcht0 %c[ahead](%[w])\n\t"
+      ".if %c[type] == 2\n\t"
+      "prefetcht0 %c[ahead]+64(%[w])\n\t"
+      ".endif\n\t"
       ".else\n\t"
       "prefetcht1 (%[next])\n\t"
+      ".if %c[type] == 2\n\t"
+      "prefetcht1 64(%[next])\n\t"
+      ".endif\n\t"
       "add %[next_step], %[next]\n\t"
       ".endif\n\t"
+      ".if %c[type] == 0\n\t"
       "vmovdqu (%[w]), %%ymm12\n\t"
       "vmovdqu 32(%[w]), %%ymm13\n\t"
       "vpslld $16, %%ymm12, %%ymm12\n\t"
       "vpslld $16, %%ymm13, %%ymm13\n\t"
+      ".elseif %c[type] == 1\n\t"
+      "vcvtph2ps (%[w]), %%ymm12\n\t"
+      "vcvtph2ps 16(%[w]), %%ymm13\n\t"
+      ".else\n\t"
+      "vmovups (%[w]), %%ymm12\n\t"
+      "vmovups 32(%[w]), %%ymm13\n\t"
+      ".endif\n\t"
       PAGELLM_ROWS(0)
+      ".if %c[type] == 0\n\t"
       "vpand (%[w]), %%ymm15, %%ymm12\n\t"
       "vpand 32(%[w]), %%ymm15, %%ymm13\n\t"
+      ".elseif %c[type] == 1\n\t"
+      "vcvtph2ps 32(%[w]), %%ymm12\n\t"
+      "vcvtph2ps 48(%[w]), %%ymm13\n\t"
+      ".else\n\t"
+      "vmovups 64(%[w]), %%ymm12\n\t"
+      "vmovups 96(%[w]), %%ymm13\n\t"
+      ".endif\n\t"
       PAGELLM_ROWS(4)
-      "add $64, %[w]\n\t"
+      "add %[step], %[w]\n\t"
       "add $8, %[x0]\n\t"
       "add $8, %[x3]\n\t"
       "dec %[n]\n\t"
@@ -397,7 +428,8 @@ inline void bf16_panel_pairs(__m256 (&acc)[R][2], const uint16_t* w, const float
       : [w] "+r"(w), [x0] "+r"(x0), [x3] "+r"(x3), [n] "+r"(pairs), [next] "+r"(next)
       : [acc] "r"(&acc[0][0]), [s] "r"(sizeof(float) * ldx), [next_step] "r"(next_step),
         [mask] "m"(*reinterpret_cast<const __m256i*>(kHighHalves)), [pf] "i"(PF ? 1 : 0),
-        [ahead] "i"(kPrefetchBytes), [rows] "i"(R)
+        [ahead] "i"(kPrefetchBytes), [rows] "i"(R), [type] "i"(kAsmWeight<W>),
+        [step] "i"(2 * kPanel * sizeof(typename W::T))
       : "cc", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
         "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
   // clang-format on
@@ -429,11 +461,11 @@ void tile_avx2_core(const TileArgs<W>& a) {
   const typename W::T* w = a.w;
   const float* x = a.x;
   int64_t t = 0;
-#if defined(PAGELLM_MATMUL_BF16_ASM)
-  if constexpr (std::is_same_v<W, BF16W> && P == 1) {
+#if defined(PAGELLM_MATMUL_PANEL_ASM)
+  if constexpr (P == 1) {
     const int64_t pairs = a.kn / 2;
     if (pairs > 0) {
-      bf16_panel_pairs<R, PF>(acc, w, x, a.ldx, pairs, a.next, a.next_step);
+      panel_pairs<W, R, PF>(acc, w, x, a.ldx, pairs, a.next, a.next_step);
       t = 2 * pairs;
       w += 2 * kPanel * pairs;
       x += 2 * pairs;
