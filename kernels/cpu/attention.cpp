@@ -355,18 +355,23 @@ inline __m256 load8(const void* base, DType t, int64_t at, int64_t count) {
   return _mm256_load_ps(tail);
 }
 
-// kt as transpose_keys above fills it: kt[d * 16 + j] = k_j[d] for the n <= 16 keys at
-// element offsets `offsets` (zeros for j >= n), d < head_dim rounded up to 16, while the
-// rows at `ahead` are prefetched.
-// A block of 16 keys and a head_dim that is a multiple of 16 (every d0 < head_dim): the
-// element type fixed, no bounds to test.
-template <DType T>
-void transpose_full_keys_avx2(const void* k, const int64_t* offsets, int64_t D, float* kt) {
+// One block of transpose_keys_avx2. Full (16 keys, head_dim a multiple of 16, so every
+// d0 < head_dim): the element type fixed and no bounds to test, which the generic load
+// costs on every 8 elements.
+template <DType T, bool Full>
+void transpose_block_avx2(const void* k, const int64_t* offsets, int64_t n, int64_t D, float* kt) {
+  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   __m256 r[8];
-  for (int64_t d0 = 0; d0 < D; d0 += 8) {
+  for (int64_t d0 = 0; d0 < Dp; d0 += 8) {
     for (int64_t g = 0; g < 2; ++g) {  // keys 8g .. 8g + 7
-      for (int64_t j = 0; j < 8; ++j)
-        r[j] = load8<T>(k, offsets[8 * g + j] + d0);
+      for (int64_t j = 0; j < 8; ++j) {
+        const int64_t key = 8 * g + j;
+        if constexpr (Full) {
+          r[j] = load8<T>(k, offsets[key] + d0);
+        } else {
+          r[j] = key < n && d0 < D ? load8(k, T, offsets[key] + d0, D - d0) : _mm256_setzero_ps();
+        }
+      }
       transpose8(r);
       for (int64_t e = 0; e < 8; ++e)
         _mm256_store_ps(kt + (d0 + e) * kLanes + 8 * g, r[e]);
@@ -374,34 +379,25 @@ void transpose_full_keys_avx2(const void* k, const int64_t* offsets, int64_t D, 
   }
 }
 
+// kt as transpose_keys above fills it: kt[d * 16 + j] = k_j[d] for the n <= 16 keys at
+// element offsets `offsets` (zeros for j >= n), d < head_dim rounded up to 16, while the
+// rows at `ahead` are prefetched.
 void transpose_keys_avx2(const KVCacheLayer& c, const int64_t* offsets, int64_t n, float* kt,
                          const int64_t* ahead, int64_t ahead_n) {
   const int64_t D = c.head_dim;
-  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   for (int64_t j = 0; j < ahead_n; ++j)
     prefetch_cache_row(c.k, c.dtype, ahead[j], D);
-  if (n == kLanes && D == Dp) {
-    switch (c.dtype) {
-      case DType::kF32:
-        return transpose_full_keys_avx2<DType::kF32>(c.k, offsets, D, kt);
-      case DType::kF16:
-        return transpose_full_keys_avx2<DType::kF16>(c.k, offsets, D, kt);
-      case DType::kBF16:
-        return transpose_full_keys_avx2<DType::kBF16>(c.k, offsets, D, kt);
-    }
-  }
-  __m256 r[8];
-  for (int64_t d0 = 0; d0 < Dp; d0 += 8) {
-    for (int64_t g = 0; g < 2; ++g) {  // keys 8g .. 8g + 7
-      for (int64_t j = 0; j < 8; ++j) {
-        const int64_t key = 8 * g + j;
-        r[j] = key < n && d0 < D ? load8(c.k, c.dtype, offsets[key] + d0, D - d0)
-                                 : _mm256_setzero_ps();
-      }
-      transpose8(r);
-      for (int64_t e = 0; e < 8; ++e)
-        _mm256_store_ps(kt + (d0 + e) * kLanes + 8 * g, r[e]);
-    }
+  const bool full = n == kLanes && D % kLanes == 0;
+  switch (c.dtype) {
+    case DType::kF32:
+      return full ? transpose_block_avx2<DType::kF32, true>(c.k, offsets, n, D, kt)
+                  : transpose_block_avx2<DType::kF32, false>(c.k, offsets, n, D, kt);
+    case DType::kF16:
+      return full ? transpose_block_avx2<DType::kF16, true>(c.k, offsets, n, D, kt)
+                  : transpose_block_avx2<DType::kF16, false>(c.k, offsets, n, D, kt);
+    case DType::kBF16:
+      return full ? transpose_block_avx2<DType::kBF16, true>(c.k, offsets, n, D, kt)
+                  : transpose_block_avx2<DType::kBF16, false>(c.k, offsets, n, D, kt);
   }
 }
 
