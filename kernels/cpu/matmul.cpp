@@ -302,7 +302,8 @@ inline __m256i half_mask(int cols, int h) {
 
 // Keeps float32 weight vectors in registers. GCC otherwise folds their loads into every
 // fma that uses them (one load per row: 24 loads and 12 broadcasts per 24 fmas, more than
-// the load ports take), which ran the many-row tiles at half their speed.
+// the load ports take), which ran the many-row tiles at half their speed. One-panel tiles
+// now take panel_pairs below; this serves the wider ones (tiles of 1 or 2 rows).
 template <int V>
 inline void in_register(__m256 (&v)[V]) {
   for (int i = 0; i < V; ++i)
