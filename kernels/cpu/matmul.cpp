@@ -41,12 +41,23 @@ constexpr int kPanel = 16;         // outputs per panel: one SIMD lane each
 constexpr int kTilePanels = 4;     // panels per register tile
 constexpr int kTileRows = 6;       // rows per register tile: 24 accumulators
 constexpr int kGemvPanels = 8;     // panels side by side when m = 1: 8 memory streams
-constexpr int64_t kKBlock = 256;   // k-block of the float32 copies: 4 panels x 256 = 64 KiB
-constexpr int64_t kRowChunk = 96;  // rows per work item when m is large
+// Most k of a float32 copy's block in the many-row path (k is cut into equal blocks).
+#if defined(PAGELLM_KERNELS_AVX512)
+constexpr int64_t kKBlock = 256;  // 4 panels x 256 = 64 KiB
+#else
+// AVX2 runs a 4-panel tile as four one-panel tiles, each loading and storing its 12
+// accumulators once a k-block: blocks of up to 768 (192 KiB for 4 panels, read from L2)
+// ran 1.02 to 1.26 times as fast as blocks of 256 at 512 rows.
+constexpr int64_t kKBlock = 768;
+#endif
+// Most rows of a work item when m is large (m is cut into equal chunks of 6-row tiles). A
+// chunk converts its k-blocks once; 192 rows ran 1.0 to 1.14 times as fast as 96 at 512.
+constexpr int64_t kRowChunk = 192;
 // Up to this many rows the weights are streamed once from memory and converted in the
 // register tiles; each k-block of a tile's panels stays in cache while every row tile uses it.
-// That beats the float32 copies (64 KiB blocks, read from L2) up to about 100 rows: the
-// steps that join one 64-token prompt to a batch of decodes.
+// That beats the float32 copies (read from L2) up to about 100 rows, 1.04 to 1.34 times
+// as fast at 64 and 96 rows on AVX2 after the copies' k-blocks grew to 768: the steps that
+// join one 64-token prompt to a batch of decodes.
 constexpr int64_t kStreamRows = 96;
 #if defined(PAGELLM_KERNELS_AVX512)
 constexpr int64_t kStreamKBlock = 256;  // 4 bf16 panels x 256 = 32 KiB
@@ -453,10 +464,15 @@ void tile_avx2_core(const TileArgs<W>& a) {
   // Accumulators as a flat [R][V] array, loaded and stored outside the loop only, with the
   // masks made where they are used: GCC otherwise stores every accumulator to the stack on
   // each iteration, or spills them to hold the masks.
+  // A tile of whole panels moves y (and bias) with plain loads and stores: Zen 3's
+  // 256-bit masked store is microcoded, and the masked epilogue of the many-row path's
+  // 6 x 16 tiles took about a tenth of their time.
+  const bool whole = a.ncols >= P * kPanel;
   __m256 acc[R][V];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < V; ++i)
       acc[r][i] = a.first ? _mm256_setzero_ps()
+                  : whole ? _mm256_loadu_ps(a.y + r * a.ldy + 8 * i)
                           : _mm256_maskload_ps(a.y + r * a.ldy + 8 * i,
                                                half_mask(a.ncols - kPanel * (i / 2), i % 2));
   const typename W::T* w = a.w;
@@ -507,6 +523,18 @@ void tile_avx2_core(const TileArgs<W>& a) {
       for (int i = 0; i < V; ++i)
         acc[r][i] = _mm256_fmadd_ps(xb, wv[i], acc[r][i]);
     }
+  }
+  if (whole) {
+    for (int i = 0; i < V; ++i) {
+      const __m256 b = a.last && a.bias != nullptr ? _mm256_loadu_ps(a.bias + 8 * i)
+                                                   : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r) {
+        __m256 v = acc[r][i];
+        if (a.last && a.bias != nullptr) v = _mm256_add_ps(v, b);
+        _mm256_storeu_ps(a.y + r * a.ldy + 8 * i, v);
+      }
+    }
+    return;
   }
   for (int i = 0; i < V; ++i) {
     const __m256i mask = half_mask(a.ncols - kPanel * (i / 2), i % 2);
@@ -638,6 +666,13 @@ float* thread_scratch(int64_t floats) {
     capacity = floats;
   }
   return buf.get();
+}
+
+// The k-block of the many-row path: k cut into the fewest blocks of at most kKBlock, of
+// even and nearly equal lengths.
+inline int64_t many_row_k_block(int64_t k) {
+  const int64_t blocks = (k + kKBlock - 1) / kKBlock;
+  return ((k + blocks - 1) / blocks + 1) / 2 * 2;
 }
 
 // Splits `count` into `parts` sizes that differ by at most one: size of part i.
@@ -775,6 +810,8 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
   // Many rows: k-blocks of a group's panels are reused by every row tile of a chunk, so
   // 16-bit weights are converted once per block into a float32 scratch.
   const int64_t groups = (panels + kTilePanels - 1) / kTilePanels;
+  // Chunks of nearly equal numbers of 6-row tiles.
+  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
   const int64_t row_chunks = (m + kRowChunk - 1) / kRowChunk;
   const int64_t items = groups * row_chunks;
 
@@ -789,13 +826,15 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
     const int ncols = static_cast<int>(std::min<int64_t>(kTilePanels * kPanel, n - col0));
     const typename W::T* group = packed + col0 * k;
     const float* gbias = bias != nullptr ? bias + col0 : nullptr;
-    const int64_t r_begin = chunk * kRowChunk;
-    const int64_t rows = std::min(m, r_begin + kRowChunk) - r_begin;
+    const int64_t r_begin = kTileRows * balanced_start(row_tiles, row_chunks, chunk);
+    const int64_t rows =
+        std::min(m, kTileRows * balanced_start(row_tiles, row_chunks, chunk + 1)) - r_begin;
     const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+    const int64_t kb = many_row_k_block(k);
     float* scratch =
-        std::is_same_v<W, F32W> ? nullptr : thread_scratch(kTilePanels * kKBlock * kPanel);
-    for (int64_t k0 = 0; k0 < k; k0 += kKBlock) {
-      const int64_t k1 = std::min(k, k0 + kKBlock);
+        std::is_same_v<W, F32W> ? nullptr : thread_scratch(kTilePanels * kb * kPanel);
+    for (int64_t k0 = 0; k0 < k; k0 += kb) {
+      const int64_t k1 = std::min(k, k0 + kb);
       const float* wblock;
       int64_t ws;
       if constexpr (std::is_same_v<W, F32W>) {

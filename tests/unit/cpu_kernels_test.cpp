@@ -80,7 +80,11 @@ TEST(CpuMatmul, PackedEqualsReferenceBitForBit) {
                           {100, 513},
                           {130, 768}})
         cases.push_back({m, n, k, t, (m + n) % 2 == 0});
-  cases.push_back({200, 257, 1031, DType::kBF16, true});  // several row chunks and k-blocks
+  for (DType t : kAllTypes) {
+    // Several row chunks and k-blocks (an odd last one), and chunks of unequal tile counts.
+    cases.push_back({200, 257, 1031, t, true});
+    cases.push_back({401, 65, 1600, t, false});
+  }
   cases.push_back({3, 32000 / 16, 64, DType::kBF16, false});
   uint32_t seed = 1;
   for (const MatmulCase& c : cases) {
