@@ -424,6 +424,14 @@ void score_tile_avx2(const float* const* q, const float* kt, int64_t kb, int64_t
     }
   }
   const __m256 vscale = _mm256_set1_ps(scale);
+  // Plain stores where every key is valid: Zen 3's 256-bit masked store is microcoded.
+  if (n >= NB * kLanes) {
+    for (int b = 0; b < NB; ++b)
+      for (int x = 0; x < 2; ++x)
+        for (int h = 0; h < NH; ++h)
+          _mm256_storeu_ps(dst[h] + b * kLanes + 8 * x, _mm256_mul_ps(acc[h][b][x], vscale));
+    return;
+  }
   for (int b = 0; b < NB; ++b)
     for (int x = 0; x < 2; ++x) {
       const __m256i m = detail::tail_mask8(n - b * kLanes - 8 * x);
@@ -567,10 +575,15 @@ void scores_avx2(const float* const* q, int heads, const int64_t* offsets, int64
 // sg[i] = exp(sg[i] - max) for i < n, and their sum in the 16-lane order of
 // lane_sum_scalar: the portable loop's bits.
 float softmax_weights_avx2(float* sg, int64_t n) {
+  // Whole vectors with plain loads and stores (Zen 3's 256-bit masked store is
+  // microcoded), the last partial one masked.
+  const int64_t whole = n / 8 * 8;
   __m256 vmx = _mm256_set1_ps(sg[0]);
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256i m = detail::tail_mask8(n - i);
-    vmx = _mm256_blendv_ps(vmx, _mm256_max_ps(vmx, _mm256_maskload_ps(sg + i, m)),
+  for (int64_t i = 0; i < whole; i += 8)
+    vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(sg + i));
+  if (whole < n) {
+    const __m256i m = detail::tail_mask8(n - whole);
+    vmx = _mm256_blendv_ps(vmx, _mm256_max_ps(vmx, _mm256_maskload_ps(sg + whole, m)),
                            _mm256_castsi256_ps(m));
   }
   alignas(32) float lanes[kLanes];
@@ -580,11 +593,17 @@ float softmax_weights_avx2(float* sg, int64_t n) {
     mx = std::max(mx, lanes[l]);
   const __m256 vm = _mm256_set1_ps(mx);
   __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256i m = detail::tail_mask8(n - i);
-    const __m256 e = detail::exp8(_mm256_sub_ps(_mm256_maskload_ps(sg + i, m), vm));
-    _mm256_maskstore_ps(sg + i, m, e);
+  for (int64_t i = 0; i < whole; i += 8) {
+    const __m256 e = detail::exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vm));
+    _mm256_storeu_ps(sg + i, e);
     __m256& s = sum[(i / 8) % 2];  // lanes 0-7, then 8-15, of each 16
+    s = _mm256_add_ps(s, e);
+  }
+  if (whole < n) {
+    const __m256i m = detail::tail_mask8(n - whole);
+    const __m256 e = detail::exp8(_mm256_sub_ps(_mm256_maskload_ps(sg + whole, m), vm));
+    _mm256_maskstore_ps(sg + whole, m, e);
+    __m256& s = sum[(whole / 8) % 2];
     s = _mm256_blendv_ps(s, _mm256_add_ps(s, e), _mm256_castsi256_ps(m));
   }
   _mm256_store_ps(lanes, sum[0]);
