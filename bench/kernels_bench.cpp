@@ -262,6 +262,7 @@ void register_all() {
   benchmark::RegisterBenchmark("BM_PagedAttentionDecode", BM_PagedAttentionDecode)
       ->ArgNames({"batch", "ctx"})
       ->Args({16, 512})
+      ->Args({4, 2048})
       ->Args({1, 4096})
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();

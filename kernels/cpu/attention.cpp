@@ -45,12 +45,18 @@ Scratch& thread_scratch() {
 
 // Prefetches one cache row (a token's head_dim values for one KV head) at element offset
 // `at` of K or V.
-inline void prefetch_cache_row(const void* base, DType t, int64_t at, int64_t head_dim) {
+inline void prefetch_cache_row(const void* base, DType t, int64_t at, int64_t head_dim,
+                               bool l2_only = false) {
   const char* row = static_cast<const char*>(base) + at * dtype_size(t);
   const int64_t bytes = head_dim * dtype_size(t);
   for (int64_t x = 0; x < bytes; x += 64)
-    detail::prefetch_l1(row + x);
+    l2_only ? detail::prefetch_l2(row + x) : detail::prefetch_l1(row + x);
 }
+// Up to this many bytes of a KV head's values (its whole range), the AVX2 score pass
+// prefetches each block's V rows into L2 as it reads the block's keys, so that the value
+// pass reads them from L2 instead of waiting on memory row by row. Half of a 512 KiB L2:
+// 16 sequences x 512 positions decoded 1.12 times as fast, 4 x 2,048 1.04 times.
+constexpr int64_t kValuesToL2Bytes = 256 * 1024;
 
 // A register tile of the value pass (value_tile, value_tile_avx2).
 using ValueTileFn = void (*)(const float*, int64_t, const int64_t*, const int64_t*, const int64_t*,
@@ -462,8 +468,15 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
   const int64_t all_begin = *std::max_element(begin, begin + NH);
   const int64_t all_end = std::max(all_begin, *std::min_element(end, end + NH));
   const auto load_row = [&](int64_t i, __m256(&vv)[NC]) {
-    if (d0 == 0 && i + kValueAheadAvx2 < last)
-      prefetch_cache_row(v, T, offsets[i + kValueAheadAvx2], D);
+    // The first pass brings whole rows into L1; the later ones (the rows have left L1)
+    // prefetch the line their chunks start in.
+    if (i + kValueAheadAvx2 < last) {
+      if (d0 == 0)
+        prefetch_cache_row(v, T, offsets[i + kValueAheadAvx2], D);
+      else
+        detail::prefetch_l1(static_cast<const char*>(v) +
+                            (offsets[i + kValueAheadAvx2] + d0) * dtype_size(T));
+    }
     for (int c = 0; c < NC; ++c)
       vv[c] = Full ? load8<T>(v, offsets[i] + d0 + 8 * c)
                    : load8(v, T, offsets[i] + d0 + 8 * c, D - d0 - 8 * c);
@@ -501,13 +514,25 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
   }
 }
 
-constexpr int kValueHeadsAvx2 = 6;  // heads per value tile: 12 accumulators over 16 dims
-constexpr int kValueChunksAvx2 = 2;
+constexpr int kValueHeadsAvx2 = 6;   // heads per value tile
+constexpr int kValueChunksAvx2 = 4;  // 8-dim chunks per value tile, with NH x NC <= 12
+// The tile of NH heads x NC chunks, or nullptr past 12 accumulators.
+template <DType T, bool Full, int NH, int NC>
+constexpr ValueTileFn value_tile_or_null() {
+  if constexpr (NH * NC <= 12)
+    return &value_tile_avx2<T, NH, NC, Full>;
+  else
+    return nullptr;
+}
+template <DType T, bool Full, int NH, int... Cs>
+constexpr std::array<ValueTileFn, kValueChunksAvx2> value_row_avx2(
+    std::integer_sequence<int, Cs...>) {
+  return {value_tile_or_null<T, Full, NH, Cs + 1>()...};
+}
 template <DType T, bool Full, int... Hs>
 constexpr std::array<std::array<ValueTileFn, kValueChunksAvx2>, kValueHeadsAvx2> value_table_avx2(
     std::integer_sequence<int, Hs...>) {
-  return {std::array<ValueTileFn, kValueChunksAvx2>{&value_tile_avx2<T, Hs + 1, 1, Full>,
-                                                    &value_tile_avx2<T, Hs + 1, 2, Full>}...};
+  return {value_row_avx2<T, Full, Hs + 1>(std::make_integer_sequence<int, kValueChunksAvx2>{})...};
 }
 // [Full][NH - 1][NC - 1]
 template <DType T>
@@ -516,7 +541,11 @@ constexpr std::array<std::array<std::array<ValueTileFn, kValueChunksAvx2>, kValu
         value_table_avx2<T, false>(std::make_integer_sequence<int, kValueHeadsAvx2>{}),
         value_table_avx2<T, true>(std::make_integer_sequence<int, kValueHeadsAvx2>{})};
 
-// accumulate_values_avx512 on AVX2: tiles of up to 6 heads x 16 dims.
+// accumulate_values_avx512 on AVX2: tiles of up to 6 heads and 12 accumulators, with as
+// many chunks as fit beside the heads. A pass per tile reads every row; a KV head's rows
+// are num_kv_heads * head_dim elements apart, so they share a few L1 sets and each pass
+// reads them from L2. Up to 4 chunks (3 heads: 2 passes over 64 dims, not 4) decoded
+// 1.09 to 1.14 times as fast as 2.
 void accumulate_values_avx2(const float* scores, int64_t stride, const int64_t* begin,
                             const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
                             int heads, const float* sum, float* const* out) {
@@ -527,8 +556,9 @@ void accumulate_values_avx2(const float* scores, int64_t stride, const int64_t* 
                                                : kValueTilesAvx2<DType::kBF16>;
   for (int h0 = 0; h0 < heads; h0 += kValueHeadsAvx2) {
     const int NH = std::min(kValueHeadsAvx2, heads - h0);
-    for (int64_t c0 = 0; c0 < chunks; c0 += kValueChunksAvx2) {
-      const int NC = static_cast<int>(std::min<int64_t>(kValueChunksAvx2, chunks - c0));
+    const int most = std::min(kValueChunksAvx2, 12 / NH);
+    for (int64_t c0 = 0; c0 < chunks; c0 += most) {
+      const int NC = static_cast<int>(std::min<int64_t>(most, chunks - c0));
       const bool full = (c0 + NC) * 8 <= D;
       tiles[full ? 1 : 0][NH - 1][NC - 1](scores + h0 * stride, stride, begin + h0, end + h0,
                                           offsets, c.v, c0 * 8, D, sum + h0, out + h0);
@@ -551,6 +581,8 @@ void scores_avx2(const float* const* q, int heads, const int64_t* offsets, int64
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   const float* hq[kScoreHeadsAvx2];
   float* dst[kScoreHeadsAvx2];
+  const bool values_to_l2 =
+      npos * D * static_cast<int64_t>(dtype_size(c.dtype)) <= kValuesToL2Bytes;
   for (int64_t b = 0; b < npos; b += 2 * kLanes) {
     const int64_t n = std::min<int64_t>(2 * kLanes, npos - b);
     const int nb = n > kLanes ? 2 : 1;
@@ -561,6 +593,9 @@ void scores_avx2(const float* const* q, int heads, const int64_t* offsets, int64
                           kt + blk * Dp * kLanes, ahead > 0 ? offsets + at + 2 * kLanes : nullptr,
                           ahead);
     }
+    if (values_to_l2)
+      for (int64_t i = b; i < b + n; ++i)
+        prefetch_cache_row(c.v, c.dtype, offsets[i], D, true);
     for (int h0 = 0; h0 < heads; h0 += kScoreHeadsAvx2) {
       const int nh = std::min(kScoreHeadsAvx2, heads - h0);
       for (int h = 0; h < nh; ++h) {

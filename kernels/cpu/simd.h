@@ -47,6 +47,15 @@ inline void prefetch_l1(const void* p) {
 #endif
 }
 
+// The same into L2 only (prefetcht1).
+inline void prefetch_l2(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 (%0)" : : "r"(p));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 inline bool use_simd() {
 #if defined(PAGELLM_KERNELS_AVX512)
   return !portable_kernels();
