@@ -37,10 +37,10 @@
 namespace pagellm::kernels::cpu {
 namespace {
 
-constexpr int kPanel = 16;         // outputs per panel: one SIMD lane each
-constexpr int kTilePanels = 4;     // panels per register tile
-constexpr int kTileRows = 6;       // rows per register tile: 24 accumulators
-constexpr int kGemvPanels = 8;     // panels side by side when m = 1: 8 memory streams
+constexpr int kPanel = 16;      // outputs per panel: one SIMD lane each
+constexpr int kTilePanels = 4;  // panels per register tile
+constexpr int kTileRows = 6;    // rows per register tile: 24 accumulators
+constexpr int kGemvPanels = 8;  // panels side by side when m = 1: 8 memory streams
 // Most k of a float32 copy's block in the many-row path (k is cut into equal blocks).
 #if defined(PAGELLM_KERNELS_AVX512)
 constexpr int64_t kKBlock = 256;  // 4 panels x 256 = 64 KiB
@@ -526,8 +526,8 @@ void tile_avx2_core(const TileArgs<W>& a) {
   }
   if (whole) {
     for (int i = 0; i < V; ++i) {
-      const __m256 b = a.last && a.bias != nullptr ? _mm256_loadu_ps(a.bias + 8 * i)
-                                                   : _mm256_setzero_ps();
+      const __m256 b =
+          a.last && a.bias != nullptr ? _mm256_loadu_ps(a.bias + 8 * i) : _mm256_setzero_ps();
       for (int r = 0; r < R; ++r) {
         __m256 v = acc[r][i];
         if (a.last && a.bias != nullptr) v = _mm256_add_ps(v, b);
@@ -831,8 +831,7 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
         std::min(m, kTileRows * balanced_start(row_tiles, row_chunks, chunk + 1)) - r_begin;
     const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
     const int64_t kb = many_row_k_block(k);
-    float* scratch =
-        std::is_same_v<W, F32W> ? nullptr : thread_scratch(kTilePanels * kb * kPanel);
+    float* scratch = std::is_same_v<W, F32W> ? nullptr : thread_scratch(kTilePanels * kb * kPanel);
     for (int64_t k0 = 0; k0 < k; k0 += kb) {
       const int64_t k1 = std::min(k, k0 + kb);
       const float* wblock;
