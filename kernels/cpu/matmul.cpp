@@ -524,15 +524,13 @@ void tile_avx2_core(const TileArgs<W>& a) {
         acc[r][i] = _mm256_fmadd_ps(xb, wv[i], acc[r][i]);
     }
   }
+  const bool add_bias = a.last && a.bias != nullptr;
   if (whole) {
     for (int i = 0; i < V; ++i) {
-      const __m256 b =
-          a.last && a.bias != nullptr ? _mm256_loadu_ps(a.bias + 8 * i) : _mm256_setzero_ps();
-      for (int r = 0; r < R; ++r) {
-        __m256 v = acc[r][i];
-        if (a.last && a.bias != nullptr) v = _mm256_add_ps(v, b);
-        _mm256_storeu_ps(a.y + r * a.ldy + 8 * i, v);
-      }
+      const __m256 b = add_bias ? _mm256_loadu_ps(a.bias + 8 * i) : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r)
+        _mm256_storeu_ps(a.y + r * a.ldy + 8 * i,
+                         add_bias ? _mm256_add_ps(acc[r][i], b) : acc[r][i]);
     }
     return;
   }
@@ -540,8 +538,7 @@ void tile_avx2_core(const TileArgs<W>& a) {
     const __m256i mask = half_mask(a.ncols - kPanel * (i / 2), i % 2);
     for (int r = 0; r < R; ++r) {
       __m256 v = acc[r][i];
-      if (a.last && a.bias != nullptr)
-        v = _mm256_add_ps(v, _mm256_maskload_ps(a.bias + 8 * i, mask));
+      if (add_bias) v = _mm256_add_ps(v, _mm256_maskload_ps(a.bias + 8 * i, mask));
       _mm256_maskstore_ps(a.y + r * a.ldy + 8 * i, mask, v);
     }
   }
@@ -814,6 +811,7 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
   const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
   const int64_t row_chunks = (m + kRowChunk - 1) / kRowChunk;
   const int64_t items = groups * row_chunks;
+  const int64_t kb = many_row_k_block(k);
 
   // Items are taken as threads finish them: an item is tens of microseconds of work, and
   // the cores of a shared machine do not run at one speed.
@@ -830,7 +828,6 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
     const int64_t rows =
         std::min(m, kTileRows * balanced_start(row_tiles, row_chunks, chunk + 1)) - r_begin;
     const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-    const int64_t kb = many_row_k_block(k);
     float* scratch = std::is_same_v<W, F32W> ? nullptr : thread_scratch(kTilePanels * kb * kPanel);
     for (int64_t k0 = 0; k0 < k; k0 += kb) {
       const int64_t k1 = std::min(k, k0 + kb);
