@@ -13,6 +13,7 @@ packages=(
   libspdlog-dev libfmt-dev
   libopenblas-dev        # CPU matmuls
   libgtest-dev libgmock-dev libbenchmark-dev
+  libsimde-dev           # the CPU kernel tests of the AVX-512 forms, on machines without it
   prometheus             # promtool checks the /metrics page in the tests
   chromium               # headless browser for the /dashboard test
   python3-numpy          # the lane-level simulation of the tensor-core decode kernel

@@ -2,7 +2,8 @@
 // of one sequence: the query heads of the run that share the KV head (GQA) are scored
 // against each cached key as it is read, so K is read and converted once per item.
 // Softmax is two-pass in float32:
-//   s[i] = dot(q, k_i) * scale      dot: one fma chain over head_dim, d = 0, 1, ...
+//   s[i] = dot(q, k_i) * scale      dot: lane_dot_scalar's 16-lane order (lane l an fma
+//                                   chain over d = l, l + 16, ..., then a fixed tree)
 //   p[i] = exp(s[i] - max_i s)      exp of simd.h
 //   out  = (sum_i p[i] * v_i) / sum_i p[i]
 // with sum_i p[i] in the 16-lane order (lane = i - first position mod 16) and each output
@@ -27,11 +28,11 @@ namespace {
 using detail::kLanes;
 
 struct Scratch {
-  std::vector<float> scores;        // [heads, positions rounded up to 16]
-  std::vector<float> row;           // [head_dim] a K or V row in float32
-  std::vector<float> kt;            // [2, Dp, 16] 32 K rows transposed, 64-byte aligned within
-  std::vector<float> acc;           // [G, head_dim]
-  std::vector<int64_t> offsets;     // [positions] element offset of each K/V row
+  std::vector<float> scores;     // [heads, positions rounded up to 16]
+  std::vector<float> row;        // [head_dim] a K or V row in float32
+  std::vector<float> qpad;       // [heads, Dp] the query heads zero-padded, 64-byte aligned within
+  std::vector<float> acc;        // [G, head_dim]
+  std::vector<int64_t> offsets;  // [positions] element offset of each K/V row
   std::vector<const float*> heads;  // [heads] each query head's vector
   std::vector<float*> outs;         // [heads] each query head's output
   std::vector<float> sums;          // [heads] each head's sum of softmax weights
@@ -143,164 +144,37 @@ void accumulate_values_avx512(const float* scores, int64_t stride, const int64_t
     }
   }
 }
-#endif
 
-#if defined(PAGELLM_KERNELS_AVX512)
-// Transposes a 16 x 16 block of 32-bit elements in registers: element e of r[j] moves to
-// element j of r[e]. (The full-mask forms of the shuffles: GCC 12's plain forms warn
-// about their own undefined pass-through operand.)
-inline void transpose16(__m512 r[16]) {
-  constexpr __mmask16 all = 0xffff;
-  const auto lo = [](__m512 a, __m512 b) { return _mm512_mask_unpacklo_ps(a, all, a, b); };
-  const auto hi = [](__m512 a, __m512 b) { return _mm512_mask_unpackhi_ps(a, all, a, b); };
-  const auto pair = [](__m512 a, __m512 b, auto imm) {
-    return _mm512_mask_shuffle_ps(a, all, a, b, decltype(imm)::value);
-  };
-  const auto lanes = [](__m512 a, __m512 b, auto imm) {
-    return _mm512_mask_shuffle_f32x4(a, all, a, b, decltype(imm)::value);
-  };
-  using I44 = std::integral_constant<int, 0x44>;
-  using IEE = std::integral_constant<int, 0xEE>;
-  using I88 = std::integral_constant<int, 0x88>;
-  using IDD = std::integral_constant<int, 0xDD>;
-  __m512 t[16];
-  for (int j = 0; j < 16; j += 2) {  // per 128-bit lane: r_j[0] r_j+1[0] r_j[1] r_j+1[1], ...
-    t[j] = lo(r[j], r[j + 1]);
-    t[j + 1] = hi(r[j], r[j + 1]);
-  }
-  for (int j = 0; j < 16; j += 4) {  // r[j + e], lane L: rows j .. j + 3, element 4L + e
-    r[j] = pair(t[j], t[j + 2], I44{});
-    r[j + 1] = pair(t[j], t[j + 2], IEE{});
-    r[j + 2] = pair(t[j + 1], t[j + 3], I44{});
-    r[j + 3] = pair(t[j + 1], t[j + 3], IEE{});
-  }
-  for (int e = 0; e < 4; ++e) {  // lanes 0 and 2, then 1 and 3, of row groups 0, 1 and 2, 3
-    t[e] = lanes(r[e], r[4 + e], I88{});
-    t[4 + e] = lanes(r[e], r[4 + e], IDD{});
-    t[8 + e] = lanes(r[8 + e], r[12 + e], I88{});
-    t[12 + e] = lanes(r[8 + e], r[12 + e], IDD{});
-  }
-  for (int e = 0; e < 4; ++e) {  // element 4L + e: lane L of the four row groups
-    r[0 + e] = lanes(t[e], t[8 + e], I88{});
-    r[8 + e] = lanes(t[e], t[8 + e], IDD{});
-    r[4 + e] = lanes(t[4 + e], t[12 + e], I88{});
-    r[12 + e] = lanes(t[4 + e], t[12 + e], IDD{});
-  }
-}
-
-// kt[d * 16 + j] = k_j[d] in float32 for the n <= 16 keys at element offsets `offsets`
-// (zeros for j >= n), d < head_dim rounded up to 16. A bf16 cache with an even head_dim
-// is transposed as 32-bit pairs before the (exact) conversion: half the shuffles.
-// Meanwhile the K rows at `ahead` (ahead_n of them) are prefetched, one with each row
-// loaded: spread out, the prefetches keep memory busy without stalling the shuffles.
-void transpose_keys(const KVCacheLayer& c, const int64_t* offsets, int64_t n, float* kt,
-                    const int64_t* ahead, int64_t ahead_n) {
-  const int64_t D = c.head_dim;
-  const auto prefetch_row = [&](int64_t j) {
-    if (j < ahead_n) prefetch_cache_row(c.k, c.dtype, ahead[j], D);
-  };
-  __m512 r[16];
-  if (c.dtype == DType::kBF16 && D % 2 == 0) {
-    const int64_t pairs = D / 2;
-    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-    for (int64_t p0 = 0; p0 < pairs; p0 += kLanes) {
-      const __mmask16 m = detail::tail_mask(pairs - p0);
-      for (int64_t j = 0; j < kLanes; ++j) {
-        if (p0 == 0) prefetch_row(j);
-        r[j] = j < n ? _mm512_maskz_loadu_ps(
-                           m, static_cast<const uint16_t*>(c.k) + offsets[j] + 2 * p0)
-                     : _mm512_setzero_ps();
-      }
-      transpose16(r);
-      for (int64_t e = 0; e < kLanes && p0 + e < pairs; ++e) {
-        const __m512i w = _mm512_castps_si512(r[e]);
-        _mm512_store_ps(kt + (2 * (p0 + e)) * kLanes,
-                        _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-        _mm512_store_ps(kt + (2 * (p0 + e) + 1) * kLanes,
-                        _mm512_castsi512_ps(_mm512_and_si512(w, high)));
+// score_lanes_avx2 on 16-lane vectors: position j's lanes of head h are one register.
+template <DType T, int NH, bool Full>
+void score_lanes_avx512(const float* q, int64_t Dp, const void* k, const int64_t* offsets,
+                        int64_t n, int64_t D, float* red) {
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 acc[NH];
+    for (int h = 0; h < NH; ++h)
+      acc[h] = _mm512_setzero_ps();
+    const int64_t at = offsets[j];
+    for (int64_t d = 0; d < Dp; d += kLanes) {
+      if constexpr (Full) {
+        const __m512 kv = detail::load16(k, T, at + d);
+        for (int h = 0; h < NH; ++h)
+          acc[h] = _mm512_fmadd_ps(_mm512_load_ps(q + h * Dp + d), kv, acc[h]);
+      } else {  // lanes past head_dim keep their sums, as lane_dot_scalar's do
+        const __mmask16 m = detail::tail_mask(D - d);
+        const __m512 kv = detail::load16(k, T, at + d, m);
+        for (int h = 0; h < NH; ++h)
+          acc[h] = _mm512_mask3_fmadd_ps(_mm512_load_ps(q + h * Dp + d), kv, acc[h], m);
       }
     }
-    return;
-  }
-  for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
-    const __mmask16 m = detail::tail_mask(D - d0);
-    for (int64_t j = 0; j < kLanes; ++j) {
-      if (d0 == 0) prefetch_row(j);
-      r[j] = j < n ? detail::load16(c.k, c.dtype, offsets[j] + d0, m) : _mm512_setzero_ps();
-    }
-    transpose16(r);
-    for (int64_t e = 0; e < kLanes; ++e)
-      _mm512_store_ps(kt + (d0 + e) * kLanes, r[e]);
-  }
-}
-
-// NH heads x NB blocks of 16 keys: lane j of block b holds key 16b + j, and each score is
-// one fma chain over d = 0 .. D-1. kt: the keys transposed, [NB][Dp][16] (block stride kb).
-template <int NH, int NB>
-void score_tile(const float* const* q, const float* kt, int64_t kb, int64_t D, float scale,
-                float* const* dst, const __mmask16* mask) {
-  const __m512 vscale = _mm512_set1_ps(scale);
-  __m512 acc[NH][NB];
-  for (int h = 0; h < NH; ++h)
-    for (int b = 0; b < NB; ++b)
-      acc[h][b] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    __m512 k[NB];
-    for (int b = 0; b < NB; ++b)
-      k[b] = _mm512_load_ps(kt + b * kb + d * kLanes);
     for (int h = 0; h < NH; ++h) {
-      const __m512 qb = _mm512_set1_ps(q[h][d]);
-      for (int b = 0; b < NB; ++b)
-        acc[h][b] = _mm512_fmadd_ps(qb, k[b], acc[h][b]);
+      const __m256 lo = _mm512_castps512_ps256(acc[h]);
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h]), 1));
+      _mm256_store_ps(red + (h * 8 + j) * 8, _mm256_add_ps(lo, hi));
     }
   }
-  for (int h = 0; h < NH; ++h)
-    for (int b = 0; b < NB; ++b)
-      _mm512_mask_storeu_ps(dst[h] + b * kLanes, mask[b], _mm512_mul_ps(acc[h][b], vscale));
-}
-
-constexpr int kScoreHeads = 6;  // heads per score tile: 12 accumulators over 32 keys
-using ScoreTileFn = void (*)(const float* const*, const float*, int64_t, int64_t, float,
-                             float* const*, const __mmask16*);
-template <int... Hs>
-constexpr std::array<std::array<ScoreTileFn, 2>, kScoreHeads> score_table(
-    std::integer_sequence<int, Hs...>) {
-  return {std::array<ScoreTileFn, 2>{&score_tile<Hs + 1, 1>, &score_tile<Hs + 1, 2>}...};
-}
-constexpr auto kScoreTiles = score_table(std::make_integer_sequence<int, kScoreHeads>{});
-
-// Scores of every head against 32 keys at a time: the K rows are transposed and converted
-// once, then serve all heads.
-void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int64_t npos,
-                   const KVCacheLayer& c, float scale, float* scores, int64_t stride,
-                   float* kt) {  // [2, Dp, 16], 64-byte aligned
-  const int64_t D = c.head_dim;
-  const int64_t chunks = (D + kLanes - 1) / kLanes;
-  const int64_t Dp = chunks * kLanes;
-  const float* hq[kScoreHeads];
-  float* dst[kScoreHeads];
-  for (int64_t b = 0; b < npos; b += 2 * kLanes) {
-    const int64_t n = std::min<int64_t>(2 * kLanes, npos - b);
-    const int nb = n > kLanes ? 2 : 1;
-    // Each block of 16 rows prefetches the block 32 rows on (the next round's).
-    for (int blk = 0; blk < nb; ++blk) {
-      const int64_t at = b + blk * kLanes;
-      const int64_t ahead = std::clamp<int64_t>(npos - at - 2 * kLanes, 0, kLanes);
-      transpose_keys(c, offsets + at, std::min<int64_t>(kLanes, n - blk * kLanes),
-                     kt + blk * Dp * kLanes, ahead > 0 ? offsets + at + 2 * kLanes : nullptr,
-                     ahead);
-    }
-    const __mmask16 mask[2] = {detail::tail_mask(n),
-                               detail::tail_mask(std::max<int64_t>(0, n - kLanes))};
-    for (int h0 = 0; h0 < heads; h0 += kScoreHeads) {
-      const int nh = std::min(kScoreHeads, heads - h0);
-      for (int h = 0; h < nh; ++h) {
-        hq[h] = q[h0 + h];
-        dst[h] = scores + (h0 + h) * stride + b;
-      }
-      kScoreTiles[nh - 1][nb - 1](hq, kt, Dp * kLanes, D, scale, dst, mask);
-    }
-  }
+  for (int64_t j = n; j < 8; ++j)
+    for (int h = 0; h < NH; ++h)
+      _mm256_store_ps(red + (h * 8 + j) * 8, _mm256_setzero_ps());
 }
 #endif
 
@@ -308,26 +182,6 @@ void scores_avx512(const float* const* q, int heads, const int64_t* offsets, int
 // The same scores, softmax weights and weighted sums on 8-lane vectors, for machines with
 // AVX2 but not AVX-512: every score is still one fma chain over d, every weight the exp
 // of simd.h, every sum the 16-lane order, every output one fma chain over positions.
-
-// Transposes an 8 x 8 block of floats in registers: element e of r[j] moves to element j
-// of r[e].
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int j = 0; j < 8; j += 2) {
-    t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
-    t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
-  }
-  for (int j = 0; j < 8; j += 4) {
-    u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
-    u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
-    u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
-    u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
-  }
-  for (int e = 0; e < 4; ++e) {
-    r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
-    r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
-  }
-}
 
 // The 8 cache elements at element offset `at`, as float32.
 template <DType T>
@@ -361,89 +215,42 @@ inline __m256 load8(const void* base, DType t, int64_t at, int64_t count) {
   return _mm256_load_ps(tail);
 }
 
-// One block of transpose_keys_avx2. Full (16 keys, head_dim a multiple of 16, so every
-// d0 < head_dim): the element type fixed and no bounds to test, which the generic load
-// costs on every 8 elements.
-template <DType T, bool Full>
-void transpose_block_avx2(const void* k, const int64_t* offsets, int64_t n, int64_t D, float* kt) {
-  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
-  __m256 r[8];
-  for (int64_t d0 = 0; d0 < Dp; d0 += 8) {
-    for (int64_t g = 0; g < 2; ++g) {  // keys 8g .. 8g + 7
-      for (int64_t j = 0; j < 8; ++j) {
-        const int64_t key = 8 * g + j;
+// The lanes of the 16-lane dot products of NH heads with the K rows of n <= 8
+// positions: position j's lanes l of head h are acc[h][0] (l < 8) and acc[h][1]
+// (l >= 8), each one fma chain over d = 16c + l as in lane_dot_scalar, and
+// red[(h * 8 + j) * 8 + l] gets lane l + lane l + 8 (the first step of tree_sum16); rows
+// j >= n are zeros. The NH heads share each K row as it is loaded. Full: head_dim a
+// multiple of 16, so no lane is past it. q: the heads' vectors, zero-padded to Dp.
+template <DType T, int NH, bool Full>
+void score_lanes_avx2(const float* q, int64_t Dp, const void* k, const int64_t* offsets, int64_t n,
+                      int64_t D, float* red) {
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 acc[NH][2];
+    for (int h = 0; h < NH; ++h)
+      acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    const int64_t at = offsets[j];
+    for (int64_t d = 0; d < Dp; d += 16) {
+      for (int x = 0; x < 2; ++x) {
+        const int64_t d8 = d + 8 * x;
         if constexpr (Full) {
-          r[j] = load8<T>(k, offsets[key] + d0);
-        } else {
-          r[j] = key < n && d0 < D ? load8(k, T, offsets[key] + d0, D - d0) : _mm256_setzero_ps();
+          const __m256 kv = load8<T>(k, at + d8);
+          for (int h = 0; h < NH; ++h)
+            acc[h][x] = _mm256_fmadd_ps(_mm256_load_ps(q + h * Dp + d8), kv, acc[h][x]);
+        } else {  // lanes past head_dim keep their sums, as lane_dot_scalar's do
+          const __m256 kv = load8(k, T, at + d8, D - d8);
+          const __m256 m = _mm256_castsi256_ps(detail::tail_mask8(D - d8));
+          for (int h = 0; h < NH; ++h)
+            acc[h][x] = _mm256_blendv_ps(
+                acc[h][x], _mm256_fmadd_ps(_mm256_load_ps(q + h * Dp + d8), kv, acc[h][x]), m);
         }
       }
-      transpose8(r);
-      for (int64_t e = 0; e < 8; ++e)
-        _mm256_store_ps(kt + (d0 + e) * kLanes + 8 * g, r[e]);
     }
+    for (int h = 0; h < NH; ++h)
+      _mm256_store_ps(red + (h * 8 + j) * 8, _mm256_add_ps(acc[h][0], acc[h][1]));
   }
-}
-
-// kt as transpose_keys above fills it: kt[d * 16 + j] = k_j[d] for the n <= 16 keys at
-// element offsets `offsets` (zeros for j >= n), d < head_dim rounded up to 16, while the
-// rows at `ahead` are prefetched.
-void transpose_keys_avx2(const KVCacheLayer& c, const int64_t* offsets, int64_t n, float* kt,
-                         const int64_t* ahead, int64_t ahead_n) {
-  const int64_t D = c.head_dim;
-  for (int64_t j = 0; j < ahead_n; ++j)
-    prefetch_cache_row(c.k, c.dtype, ahead[j], D);
-  const bool full = n == kLanes && D % kLanes == 0;
-  switch (c.dtype) {
-    case DType::kF32:
-      return full ? transpose_block_avx2<DType::kF32, true>(c.k, offsets, n, D, kt)
-                  : transpose_block_avx2<DType::kF32, false>(c.k, offsets, n, D, kt);
-    case DType::kF16:
-      return full ? transpose_block_avx2<DType::kF16, true>(c.k, offsets, n, D, kt)
-                  : transpose_block_avx2<DType::kF16, false>(c.k, offsets, n, D, kt);
-    case DType::kBF16:
-      return full ? transpose_block_avx2<DType::kBF16, true>(c.k, offsets, n, D, kt)
-                  : transpose_block_avx2<DType::kBF16, false>(c.k, offsets, n, D, kt);
-  }
-}
-
-// NH heads x NB blocks of 16 keys (two 8-lane halves each), as score_tile: each score one
-// fma chain over d. n: the valid keys of the NB blocks.
-template <int NH, int NB>
-void score_tile_avx2(const float* const* q, const float* kt, int64_t kb, int64_t D, float scale,
-                     float* const* dst, int64_t n) {
-  __m256 acc[NH][NB][2];
-  for (int h = 0; h < NH; ++h)
-    for (int b = 0; b < NB; ++b)
-      for (int x = 0; x < 2; ++x)
-        acc[h][b][x] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    __m256 k[NB][2];
-    for (int b = 0; b < NB; ++b)
-      for (int x = 0; x < 2; ++x)
-        k[b][x] = _mm256_load_ps(kt + b * kb + d * kLanes + 8 * x);
-    for (int h = 0; h < NH; ++h) {
-      const __m256 qb = _mm256_set1_ps(q[h][d]);
-      for (int b = 0; b < NB; ++b)
-        for (int x = 0; x < 2; ++x)
-          acc[h][b][x] = _mm256_fmadd_ps(qb, k[b][x], acc[h][b][x]);
-    }
-  }
-  const __m256 vscale = _mm256_set1_ps(scale);
-  // Plain stores where every key is valid: Zen 3's 256-bit masked store is microcoded.
-  if (n >= NB * kLanes) {
-    for (int b = 0; b < NB; ++b)
-      for (int x = 0; x < 2; ++x)
-        for (int h = 0; h < NH; ++h)
-          _mm256_storeu_ps(dst[h] + b * kLanes + 8 * x, _mm256_mul_ps(acc[h][b][x], vscale));
-    return;
-  }
-  for (int b = 0; b < NB; ++b)
-    for (int x = 0; x < 2; ++x) {
-      const __m256i m = detail::tail_mask8(n - b * kLanes - 8 * x);
-      for (int h = 0; h < NH; ++h)
-        _mm256_maskstore_ps(dst[h] + b * kLanes + 8 * x, m, _mm256_mul_ps(acc[h][b][x], vscale));
-    }
+  for (int64_t j = n; j < 8; ++j)
+    for (int h = 0; h < NH; ++h)
+      _mm256_store_ps(red + (h * 8 + j) * 8, _mm256_setzero_ps());
 }
 
 constexpr int64_t kValueAheadAvx2 = 16;  // V rows prefetched ahead of the value pass
@@ -566,47 +373,6 @@ void accumulate_values_avx2(const float* scores, int64_t stride, const int64_t* 
   }
 }
 
-constexpr int kScoreHeadsAvx2 = 2;  // heads per score tile: 8 accumulators over 32 keys
-using ScoreTileAvx2Fn = void (*)(const float* const*, const float*, int64_t, int64_t, float,
-                                 float* const*, int64_t);
-constexpr ScoreTileAvx2Fn kScoreTilesAvx2[kScoreHeadsAvx2][2] = {
-    {&score_tile_avx2<1, 1>, &score_tile_avx2<1, 2>},
-    {&score_tile_avx2<2, 1>, &score_tile_avx2<2, 2>}};
-
-// scores_avx512 on AVX2.
-void scores_avx2(const float* const* q, int heads, const int64_t* offsets, int64_t npos,
-                 const KVCacheLayer& c, float scale, float* scores, int64_t stride,
-                 float* kt) {  // [2, Dp, 16], 64-byte aligned
-  const int64_t D = c.head_dim;
-  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
-  const float* hq[kScoreHeadsAvx2];
-  float* dst[kScoreHeadsAvx2];
-  const bool values_to_l2 =
-      npos * D * static_cast<int64_t>(dtype_size(c.dtype)) <= kValuesToL2Bytes;
-  for (int64_t b = 0; b < npos; b += 2 * kLanes) {
-    const int64_t n = std::min<int64_t>(2 * kLanes, npos - b);
-    const int nb = n > kLanes ? 2 : 1;
-    for (int blk = 0; blk < nb; ++blk) {
-      const int64_t at = b + blk * kLanes;
-      const int64_t ahead = std::clamp<int64_t>(npos - at - 2 * kLanes, 0, kLanes);
-      transpose_keys_avx2(c, offsets + at, std::min<int64_t>(kLanes, n - blk * kLanes),
-                          kt + blk * Dp * kLanes, ahead > 0 ? offsets + at + 2 * kLanes : nullptr,
-                          ahead);
-    }
-    if (values_to_l2)
-      for (int64_t i = b; i < b + n; ++i)
-        prefetch_cache_row(c.v, c.dtype, offsets[i], D, true);
-    for (int h0 = 0; h0 < heads; h0 += kScoreHeadsAvx2) {
-      const int nh = std::min(kScoreHeadsAvx2, heads - h0);
-      for (int h = 0; h < nh; ++h) {
-        hq[h] = q[h0 + h];
-        dst[h] = scores + (h0 + h) * stride + b;
-      }
-      kScoreTilesAvx2[nh - 1][nb - 1](hq, kt, Dp * kLanes, D, scale, dst, n);
-    }
-  }
-}
-
 // sg[i] = exp(sg[i] - max) for i < n, and their sum in the 16-lane order of
 // lane_sum_scalar: the portable loop's bits.
 float softmax_weights_avx2(float* sg, int64_t n) {
@@ -647,6 +413,96 @@ float softmax_weights_avx2(float* sg, int64_t n) {
 }
 #endif  // PAGELLM_KERNELS_AVX2
 
+#if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
+// Scores on either instruction set: the lanes of 8 positions at a time (score_lanes_*),
+// then one tree for each head's 8 positions, in registers.
+
+// The rest of tree_sum16 for 8 positions at once: red[j * 8 + l] holds position j's
+// folded lane l; lane j of the result is position j's sum: (l, l+4), then (l, l+2), then
+// (0, 1), each add as the scalar tree does it.
+inline __m256 tree_sum8x8(const float* red) {
+  __m256 v[8];
+  for (int j = 0; j < 8; ++j)
+    v[j] = _mm256_load_ps(red + j * 8);
+  // Position j's lanes l + lanes l + 4 in the low half, position j + 4's in the high.
+  const auto fold4 = [](__m256 a, __m256 b) {
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  };
+  // Two positions a half: lanes 0 + 2 and 1 + 3 of each.
+  const auto fold2 = [](__m256 a, __m256 b) {
+    return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x44), _mm256_shuffle_ps(a, b, 0xEE));
+  };
+  const __m256 x0 = fold2(fold4(v[0], v[4]), fold4(v[1], v[5]));  // positions 0, 1 | 4, 5
+  const __m256 x1 = fold2(fold4(v[2], v[6]), fold4(v[3], v[7]));  // positions 2, 3 | 6, 7
+  return _mm256_add_ps(_mm256_shuffle_ps(x0, x1, 0x88), _mm256_shuffle_ps(x0, x1, 0xDD));
+}
+
+constexpr int kScoreHeads = 6;     // heads a pass over a K row: 12 or 6 accumulators
+constexpr int64_t kKeyAhead = 32;  // K rows prefetched ahead of the score pass
+using ScoreLanesFn = void (*)(const float*, int64_t, const void*, const int64_t*, int64_t, int64_t,
+                              float*);
+template <DType T, bool Full, int NH>
+constexpr ScoreLanesFn score_lanes() {
+#if defined(PAGELLM_KERNELS_AVX512)
+  return &score_lanes_avx512<T, NH, Full>;
+#else
+  return &score_lanes_avx2<T, NH, Full>;
+#endif
+}
+template <DType T, bool Full, int... Hs>
+constexpr std::array<ScoreLanesFn, kScoreHeads> score_lanes_row(std::integer_sequence<int, Hs...>) {
+  return {score_lanes<T, Full, Hs + 1>()...};
+}
+// [Full][NH - 1]
+template <DType T>
+constexpr std::array<std::array<ScoreLanesFn, kScoreHeads>, 2> kScoreLanes = {
+    score_lanes_row<T, false>(std::make_integer_sequence<int, kScoreHeads>{}),
+    score_lanes_row<T, true>(std::make_integer_sequence<int, kScoreHeads>{})};
+
+// scores[h * stride + i] = lane_dot_scalar(q_h, k_i) * scale for every head and each of
+// the npos positions, 8 positions at a time: each K row is read once for up to 6 heads.
+// Meanwhile the K rows kKeyAhead positions on are prefetched, and (on AVX2) the V rows
+// into L2 when a KV head's values fit there.
+void scores_simd(const float* const* q, int heads, const int64_t* offsets, int64_t npos,
+                 const KVCacheLayer& c, float scale, float* scores, int64_t stride,
+                 float* qpad) {  // [heads, Dp], 64-byte aligned
+  const int64_t D = c.head_dim;
+  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
+  for (int h = 0; h < heads; ++h) {
+    std::copy(q[h], q[h] + D, qpad + h * Dp);
+    std::fill(qpad + h * Dp + D, qpad + (h + 1) * Dp, 0.f);
+  }
+  const auto& lanes = c.dtype == DType::kF32   ? kScoreLanes<DType::kF32>
+                      : c.dtype == DType::kF16 ? kScoreLanes<DType::kF16>
+                                               : kScoreLanes<DType::kBF16>;
+  const bool full = D % kLanes == 0;
+#if defined(PAGELLM_KERNELS_AVX512)
+  const bool values_to_l2 = false;
+#else
+  const bool values_to_l2 =
+      npos * D * static_cast<int64_t>(dtype_size(c.dtype)) <= kValuesToL2Bytes;
+#endif
+  const __m256 vscale = _mm256_set1_ps(scale);
+  alignas(64) float red[kScoreHeads * 8 * 8];
+  for (int64_t i0 = 0; i0 < npos; i0 += 8) {
+    const int64_t n = std::min<int64_t>(8, npos - i0);
+    for (int64_t i = i0 + kKeyAhead; i < std::min(npos, i0 + kKeyAhead + 8); ++i)
+      prefetch_cache_row(c.k, c.dtype, offsets[i], D);
+    if (values_to_l2)
+      for (int64_t i = i0; i < i0 + n; ++i)
+        prefetch_cache_row(c.v, c.dtype, offsets[i], D, true);
+    for (int h0 = 0; h0 < heads; h0 += kScoreHeads) {
+      const int nh = std::min(kScoreHeads, heads - h0);
+      lanes[full ? 1 : 0][nh - 1](qpad + h0 * Dp, Dp, c.k, offsets + i0, n, D, red);
+      // Score rows hold npos rounded up to 16 floats: the 8 from i0 fit.
+      for (int h = 0; h < nh; ++h)
+        _mm256_storeu_ps(scores + (h0 + h) * stride + i0,
+                         _mm256_mul_ps(tree_sum8x8(red + h * 64), vscale));
+    }
+  }
+}
+#endif
+
 // First attended position of a query at `pos`.
 int64_t window_start(int64_t pos, int32_t window) {
   return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
@@ -672,7 +528,7 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   };
   ensure(s.scores, heads * stride);
   ensure(s.row, D);
-  ensure(s.kt, 2 * kLanes * Dp + kLanes);
+  ensure(s.qpad, heads * Dp + kLanes);
   ensure(s.acc, G * D);
   ensure(s.offsets, npos);
   ensure(s.heads, heads);
@@ -707,25 +563,17 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   // Scores: scores[h * stride + i] = (fma chain over d of q_h[d] * k_i[d]) * scale.
 #if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
   if (simd) {
-    float* kt = s.kt.data();
-    kt += (kLanes - reinterpret_cast<uintptr_t>(kt) / sizeof(float) % kLanes) % kLanes;
-#if defined(PAGELLM_KERNELS_AVX512)
-    scores_avx512(hq, heads, offsets, npos, c, scale, scores, stride, kt);
-#else
-    scores_avx2(hq, heads, offsets, npos, c, scale, scores, stride, kt);
-#endif
+    float* qpad = s.qpad.data();
+    qpad += (kLanes - reinterpret_cast<uintptr_t>(qpad) / sizeof(float) % kLanes) % kLanes;
+    scores_simd(hq, heads, offsets, npos, c, scale, scores, stride, qpad);
   } else
 #endif
   {
     for (int64_t i = 0; i < npos; ++i) {
       for (int64_t d = 0; d < D; ++d)
         row[d] = load_f32(c.k, c.dtype, offsets[i] + d);
-      for (int h = 0; h < heads; ++h) {
-        float dot = 0.f;
-        for (int64_t d = 0; d < D; ++d)
-          dot = std::fma(hq[h][d], row[d], dot);
-        scores[h * stride + i] = dot * scale;
-      }
+      for (int h = 0; h < heads; ++h)
+        scores[h * stride + i] = detail::lane_dot_scalar(hq[h], row, D) * scale;
     }
   }
 

@@ -11,7 +11,9 @@
 
 #include "kernels/dtype.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(PAGELLM_EMULATE_AVX512)
+#include "kernels/cpu/avx512_emulation.h"
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define PAGELLM_KERNELS_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
