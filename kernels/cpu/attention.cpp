@@ -1,6 +1,9 @@
 // Paged attention. A work item is one KV head and a run of up to 8 consecutive queries
-// of one sequence: the query heads of the run that share the KV head (GQA) are scored
-// against each cached key as it is read, so K is read and converted once per item.
+// of one sequence (in decode: one query and a group of consecutive KV heads, whose rows
+// of a position lie together in the cache): the query heads that share a KV head (GQA)
+// are scored against each cached key as it is read, so K is read and converted once per
+// item. The value pass runs in rounds of positions whose V rows are prefetched into L2
+// the round before.
 // Softmax is two-pass in float32:
 //   s[i] = dot(q, k_i) * scale      dot: lane_dot_scalar's 16-lane order (lane l an fma
 //                                   chain over d = l, l + 16, ..., then a fixed tree)
@@ -11,6 +14,8 @@
 // depends only on its head, its position and the cache: prefill chunks, decode steps, the
 // runs and the thread split all give the same bits, and the decode entry point runs this
 // same code.
+
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -44,49 +49,45 @@ Scratch& thread_scratch() {
   return s;
 }
 
-// Prefetches one cache row (a token's head_dim values for one KV head) at element offset
-// `at` of K or V.
-inline void prefetch_cache_row(const void* base, DType t, int64_t at, int64_t head_dim,
+// Prefetches `count` cache elements from element offset `at` of K or V: one token's row
+// of one KV head (head_dim), or its rows of consecutive KV heads.
+inline void prefetch_cache_row(const void* base, DType t, int64_t at, int64_t count,
                                bool l2_only = false) {
   const char* row = static_cast<const char*>(base) + at * dtype_size(t);
-  const int64_t bytes = head_dim * dtype_size(t);
+  const int64_t bytes = count * dtype_size(t);
   for (int64_t x = 0; x < bytes; x += 64)
     l2_only ? detail::prefetch_l2(row + x) : detail::prefetch_l1(row + x);
 }
-// Up to this many bytes of a KV head's values (its whole range), the AVX2 score pass
-// prefetches each block's V rows into L2 as it reads the block's keys, so that the value
-// pass reads them from L2 instead of waiting on memory row by row. Half of a 512 KiB L2:
-// 16 sequences x 512 positions decoded 1.12 times as fast, 4 x 2,048 1.04 times.
-constexpr int64_t kValuesToL2Bytes = 256 * 1024;
 
 // A register tile of the value pass (value_tile, value_tile_avx2).
 using ValueTileFn = void (*)(const float*, int64_t, const int64_t*, const int64_t*, const int64_t*,
-                             const void*, int64_t, int64_t, const float*, float* const*);
+                             const void*, int64_t, int64_t, int64_t, int64_t, float*, int64_t);
 
 #if defined(PAGELLM_KERNELS_AVX512)
-// out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] over head h's positions [begin[h], end[h])
-// for NH heads x NC 16-lane chunks held in registers; each element is one fma chain over
-// its positions in order. The heads' ranges may differ: positions run from the first
-// begin to the last end, and at a position outside its range a head leaves its
-// accumulators untouched (a masked fma), whatever p and v hold there. The V rows
-// kValueAhead positions on are prefetched as the pass goes. Full: all NC chunks lie
-// within D, so V is read with plain loads. (The cache's type and Full are template
-// arguments: a switch, or masked loads, inside the loop make GCC keep the accumulators in
-// memory.)
+// acc[h][d] += p[h, i] * v_i[d] for positions i in [lo, hi) of head h's [begin[h], end[h]),
+// for NH heads x NC 16-lane chunks (elements d0 ..) held in registers: head h's sums are
+// acc[h * acc_stride + d0 ..], loaded first and stored back, so that rounds of positions
+// continue each element's one fma chain over its positions in order. The heads' ranges
+// may differ: at a position outside its range a head leaves its accumulators untouched (a
+// masked fma), whatever p and v hold there. The V rows kValueAhead positions on are
+// prefetched as the pass goes. Full: all NC chunks lie within D, so V is read with plain
+// loads. (The cache's type and Full are template arguments: a switch, or masked loads,
+// inside the loop make GCC keep the accumulators in memory.)
 constexpr int64_t kValueAhead = 16;  // V rows prefetched ahead of the value pass
 template <DType T, int NH, int NC, bool Full>
 void value_tile(const float* p, int64_t stride, const int64_t* begin, const int64_t* end,
-                const int64_t* offsets, const void* v, int64_t d0, int64_t D, const float* sum,
-                float* const* out) {
+                const int64_t* offsets, const void* v, int64_t d0, int64_t D, int64_t lo,
+                int64_t hi, float* io, int64_t io_stride) {
+  const int64_t first = std::max(lo, *std::min_element(begin, begin + NH));
+  const int64_t last = std::min(hi, *std::max_element(end, end + NH));
+  if (first >= last) return;
   __mmask16 mask[NC];
   for (int c = 0; c < NC; ++c)
     mask[c] = detail::tail_mask(std::max<int64_t>(0, D - d0 - c * kLanes));
   __m512 acc[NH][NC];
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < NC; ++c)
-      acc[h][c] = _mm512_setzero_ps();
-  const int64_t first = *std::min_element(begin, begin + NH);
-  const int64_t last = *std::max_element(end, end + NH);
+      acc[h][c] = _mm512_loadu_ps(io + h * io_stride + c * kLanes);
   for (int64_t i = first; i < last; ++i) {
     if (d0 == 0 && i + kValueAhead < last) prefetch_cache_row(v, T, offsets[i + kValueAhead], D);
     __m512 vv[NC];
@@ -100,11 +101,9 @@ void value_tile(const float* p, int64_t stride, const int64_t* begin, const int6
         acc[h][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[h][c], on);
     }
   }
-  for (int h = 0; h < NH; ++h) {
-    const __m512 vs = _mm512_set1_ps(sum[h]);
+  for (int h = 0; h < NH; ++h)
     for (int c = 0; c < NC; ++c)
-      _mm512_mask_storeu_ps(out[h] + d0 + c * kLanes, mask[c], _mm512_div_ps(acc[h][c], vs));
-  }
+      _mm512_storeu_ps(io + h * io_stride + c * kLanes, acc[h][c]);
 }
 
 constexpr int kValueHeads = 6;  // heads per value tile: 24 accumulators over 64 dims
@@ -122,28 +121,6 @@ template <DType T>
 constexpr std::array<std::array<std::array<ValueTileFn, 4>, kValueHeads>, 2> kValueTiles = {
     value_table<T, false>(std::make_integer_sequence<int, kValueHeads>{}),
     value_table<T, true>(std::make_integer_sequence<int, kValueHeads>{})};
-
-// Tiles of up to 6 heads x 64 dims; V rows are re-read per tile (from cache: the tiles of
-// the first 64 dims prefetch them). Head h's weights are at scores + h * stride, its
-// positions are [begin[h], end[h]), its output goes to out[h].
-void accumulate_values_avx512(const float* scores, int64_t stride, const int64_t* begin,
-                              const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
-                              int heads, const float* sum, float* const* out) {
-  const int64_t D = c.head_dim;
-  const int64_t chunks = (D + kLanes - 1) / kLanes;
-  const auto& tiles = c.dtype == DType::kF32   ? kValueTiles<DType::kF32>
-                      : c.dtype == DType::kF16 ? kValueTiles<DType::kF16>
-                                               : kValueTiles<DType::kBF16>;
-  for (int h0 = 0; h0 < heads; h0 += kValueHeads) {
-    const int NH = std::min(kValueHeads, heads - h0);
-    for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
-      const int NC = static_cast<int>(std::min<int64_t>(4, chunks - c0));
-      const bool full = (c0 + NC) * kLanes <= D;
-      tiles[full ? 1 : 0][NH - 1][NC - 1](scores + h0 * stride, stride, begin + h0, end + h0,
-                                          offsets, c.v, c0 * kLanes, D, sum + h0, out + h0);
-    }
-  }
-}
 
 // score_lanes_avx2 on 16-lane vectors: position j's lanes of head h are one register.
 template <DType T, int NH, bool Full>
@@ -262,18 +239,19 @@ constexpr int64_t kValueAheadAvx2 = 16;  // V rows prefetched ahead of the value
 // are left untouched elsewhere whatever p and v hold there.
 template <DType T, int NH, int NC, bool Full>
 void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const int64_t* end,
-                     const int64_t* offsets, const void* v, int64_t d0, int64_t D, const float* sum,
-                     float* const* out) {
+                     const int64_t* offsets, const void* v, int64_t d0, int64_t D, int64_t lo,
+                     int64_t hi, float* io, int64_t io_stride) {
   static_assert(NH * NC <= 12);
+  const int64_t first = std::max(lo, *std::min_element(begin, begin + NH));
+  const int64_t last = std::min(hi, *std::max_element(end, end + NH));
+  if (first >= last) return;
+  // Every head is in range on [all_begin, all_end).
+  const int64_t all_begin = std::clamp(*std::max_element(begin, begin + NH), first, last);
+  const int64_t all_end = std::clamp(*std::min_element(end, end + NH), all_begin, last);
   __m256 acc[NH][NC];
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < NC; ++c)
-      acc[h][c] = _mm256_setzero_ps();
-  const int64_t first = *std::min_element(begin, begin + NH);
-  const int64_t last = *std::max_element(end, end + NH);
-  // Every head is in range on [all_begin, all_end).
-  const int64_t all_begin = *std::max_element(begin, begin + NH);
-  const int64_t all_end = std::max(all_begin, *std::min_element(end, end + NH));
+      acc[h][c] = _mm256_loadu_ps(io + h * io_stride + 8 * c);
   const auto load_row = [&](int64_t i, __m256(&vv)[NC]) {
     // The first pass brings whole rows into L1; the later ones (the rows have left L1)
     // prefetch the line their chunks start in.
@@ -312,13 +290,9 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
     }
   }
   blended(all_end, last);
-  for (int h = 0; h < NH; ++h) {
-    const __m256 vs = _mm256_set1_ps(sum[h]);
-    for (int c = 0; c < NC; ++c) {
-      const __m256i m = detail::tail_mask8(D - d0 - 8 * c);
-      _mm256_maskstore_ps(out[h] + d0 + 8 * c, m, _mm256_div_ps(acc[h][c], vs));
-    }
-  }
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < NC; ++c)
+      _mm256_storeu_ps(io + h * io_stride + 8 * c, acc[h][c]);
 }
 
 constexpr int kValueHeadsAvx2 = 6;   // heads per value tile
@@ -347,31 +321,6 @@ constexpr std::array<std::array<std::array<ValueTileFn, kValueChunksAvx2>, kValu
     kValueTilesAvx2 = {
         value_table_avx2<T, false>(std::make_integer_sequence<int, kValueHeadsAvx2>{}),
         value_table_avx2<T, true>(std::make_integer_sequence<int, kValueHeadsAvx2>{})};
-
-// accumulate_values_avx512 on AVX2: tiles of up to 6 heads and 12 accumulators, with as
-// many chunks as fit beside the heads. A pass per tile reads every row; a KV head's rows
-// are num_kv_heads * head_dim elements apart, so they share a few L1 sets and each pass
-// reads them from L2. Up to 4 chunks (3 heads: 2 passes over 64 dims, not 4) decoded
-// 1.09 to 1.14 times as fast as 2.
-void accumulate_values_avx2(const float* scores, int64_t stride, const int64_t* begin,
-                            const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
-                            int heads, const float* sum, float* const* out) {
-  const int64_t D = c.head_dim;
-  const int64_t chunks = (D + 7) / 8;
-  const auto& tiles = c.dtype == DType::kF32   ? kValueTilesAvx2<DType::kF32>
-                      : c.dtype == DType::kF16 ? kValueTilesAvx2<DType::kF16>
-                                               : kValueTilesAvx2<DType::kBF16>;
-  for (int h0 = 0; h0 < heads; h0 += kValueHeadsAvx2) {
-    const int NH = std::min(kValueHeadsAvx2, heads - h0);
-    const int most = std::min(kValueChunksAvx2, 12 / NH);
-    for (int64_t c0 = 0; c0 < chunks; c0 += most) {
-      const int NC = static_cast<int>(std::min<int64_t>(most, chunks - c0));
-      const bool full = (c0 + NC) * 8 <= D;
-      tiles[full ? 1 : 0][NH - 1][NC - 1](scores + h0 * stride, stride, begin + h0, end + h0,
-                                          offsets, c.v, c0 * 8, D, sum + h0, out + h0);
-    }
-  }
-}
 
 // sg[i] = exp(sg[i] - max) for i < n, and their sum in the 16-lane order of
 // lane_sum_scalar: the portable loop's bits.
@@ -459,15 +408,17 @@ constexpr std::array<std::array<ScoreLanesFn, kScoreHeads>, 2> kScoreLanes = {
     score_lanes_row<T, false>(std::make_integer_sequence<int, kScoreHeads>{}),
     score_lanes_row<T, true>(std::make_integer_sequence<int, kScoreHeads>{})};
 
-// scores[h * stride + i] = lane_dot_scalar(q_h, k_i) * scale for every head and each of
-// the npos positions, 8 positions at a time: each K row is read once for up to 6 heads.
-// Meanwhile the K rows kKeyAhead positions on are prefetched, and (on AVX2) the V rows
-// into L2 when a KV head's values fit there.
-void scores_simd(const float* const* q, int heads, const int64_t* offsets, int64_t npos,
+// scores[h * stride + i] = lane_dot_scalar(q_h, k_i) * scale for the heads of nkv KV
+// heads (hk each: head kk * hk + r reads KV head kk, whose rows are kk * head_dim elements
+// past offsets[i]) and each of the npos positions, 8 positions at a time: each K row is
+// read once for up to 6 heads, and the rows of a position's nkv heads (contiguous in the
+// cache) one after another. Meanwhile the K rows kKeyAhead positions on are prefetched.
+void scores_simd(const float* const* q, int hk, int nkv, const int64_t* offsets, int64_t npos,
                  const KVCacheLayer& c, float scale, float* scores, int64_t stride,
                  float* qpad) {  // [heads, Dp], 64-byte aligned
   const int64_t D = c.head_dim;
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
+  const int heads = hk * nkv;
   for (int h = 0; h < heads; ++h) {
     std::copy(q[h], q[h] + D, qpad + h * Dp);
     std::fill(qpad + h * Dp + D, qpad + (h + 1) * Dp, 0.f);
@@ -476,30 +427,101 @@ void scores_simd(const float* const* q, int heads, const int64_t* offsets, int64
                       : c.dtype == DType::kF16 ? kScoreLanes<DType::kF16>
                                                : kScoreLanes<DType::kBF16>;
   const bool full = D % kLanes == 0;
-#if defined(PAGELLM_KERNELS_AVX512)
-  const bool values_to_l2 = false;
-#else
-  const bool values_to_l2 =
-      npos * D * static_cast<int64_t>(dtype_size(c.dtype)) <= kValuesToL2Bytes;
-#endif
+  const int64_t run = nkv * D;  // elements of a position's rows
+  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(c.dtype));
   const __m256 vscale = _mm256_set1_ps(scale);
   alignas(64) float red[kScoreHeads * 8 * 8];
   for (int64_t i0 = 0; i0 < npos; i0 += 8) {
     const int64_t n = std::min<int64_t>(8, npos - i0);
     for (int64_t i = i0 + kKeyAhead; i < std::min(npos, i0 + kKeyAhead + 8); ++i)
-      prefetch_cache_row(c.k, c.dtype, offsets[i], D);
-    if (values_to_l2)
-      for (int64_t i = i0; i < i0 + n; ++i)
-        prefetch_cache_row(c.v, c.dtype, offsets[i], D, true);
-    for (int h0 = 0; h0 < heads; h0 += kScoreHeads) {
-      const int nh = std::min(kScoreHeads, heads - h0);
-      lanes[full ? 1 : 0][nh - 1](qpad + h0 * Dp, Dp, c.k, offsets + i0, n, D, red);
-      // Score rows hold npos rounded up to 16 floats: the 8 from i0 fit.
-      for (int h = 0; h < nh; ++h)
-        _mm256_storeu_ps(scores + (h0 + h) * stride + i0,
-                         _mm256_mul_ps(tree_sum8x8(red + h * 64), vscale));
+      prefetch_cache_row(c.k, c.dtype, offsets[i], run);
+    for (int kk = 0; kk < nkv; ++kk) {
+      const void* k = static_cast<const char*>(c.k) + kk * row_bytes;
+      for (int h0 = kk * hk; h0 < (kk + 1) * hk; h0 += kScoreHeads) {
+        const int nh = std::min(kScoreHeads, (kk + 1) * hk - h0);
+        lanes[full ? 1 : 0][nh - 1](qpad + h0 * Dp, Dp, k, offsets + i0, n, D, red);
+        // Score rows hold npos rounded up to 16 floats: the 8 from i0 fit.
+        for (int h = 0; h < nh; ++h)
+          _mm256_storeu_ps(scores + (h0 + h) * stride + i0,
+                           _mm256_mul_ps(tree_sum8x8(red + h * 64), vscale));
+      }
     }
   }
+}
+
+#if defined(PAGELLM_KERNELS_AVX512)
+constexpr int64_t kValueLanes = kLanes;
+constexpr int kValueTileHeads = kValueHeads;
+constexpr int value_tile_chunks(int) {
+  return 4;
+}  // 24 of the 32 registers at 6 heads
+template <DType T>
+constexpr const auto& value_tiles() {
+  return kValueTiles<T>;
+}
+#else
+constexpr int64_t kValueLanes = 8;
+constexpr int kValueTileHeads = kValueHeadsAvx2;
+constexpr int value_tile_chunks(int nh) {
+  return std::min(kValueChunksAvx2, 12 / nh);
+}
+template <DType T>
+constexpr const auto& value_tiles() {
+  return kValueTilesAvx2<T>;
+}
+#endif
+// Positions a round of the value pass takes: 64 KiB of V rows at 4 KV heads of 64 bf16.
+constexpr int64_t kValueRound = 128;
+
+// out[h][d] = (sum_i p[h, i] * v_i[d]) / sum[h] over head h's positions [begin[h], end[h])
+// for the heads of nkv KV heads laid out as in scores_simd; p is at scores + h * stride.
+// Register tiles of up to 6 heads and as many chunks of head_dim as fit beside them, in
+// rounds of kValueRound positions: a tile carries its sums through acc ([heads][Dp]) from
+// round to round, so every element is one fma chain over its positions in order, and
+// the next round's V rows of all nkv heads (contiguous for a position) are prefetched
+// into L2 during a round, so that its tiles, which each read a row's chunks of one head,
+// find them there. A KV head's rows are num_kv_heads * head_dim elements apart: they share
+// a few L1 sets, and each tile's pass over a round reads them from L2.
+void accumulate_values_simd(const float* scores, int64_t stride, const int64_t* begin,
+                            const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
+                            int hk, int nkv, const float* sum, float* const* out, float* acc) {
+  const int64_t D = c.head_dim;
+  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
+  const int heads = hk * nkv;
+  const int64_t chunks = (D + kValueLanes - 1) / kValueLanes;
+  const auto& tiles = c.dtype == DType::kF32   ? value_tiles<DType::kF32>()
+                      : c.dtype == DType::kF16 ? value_tiles<DType::kF16>()
+                                               : value_tiles<DType::kBF16>();
+  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(c.dtype));
+  const int64_t first = *std::min_element(begin, begin + heads);
+  const int64_t last = *std::max_element(end, end + heads);
+  const auto prefetch_round = [&](int64_t from) {
+    for (int64_t i = from; i < std::min(last, from + kValueRound); ++i)
+      prefetch_cache_row(c.v, c.dtype, offsets[i], nkv * D, true);
+  };
+  std::fill(acc, acc + heads * Dp, 0.f);
+  prefetch_round(first);
+  for (int64_t r0 = first; r0 < last; r0 += kValueRound) {
+    const int64_t r1 = std::min(last, r0 + kValueRound);
+    prefetch_round(r1);
+    for (int kk = 0; kk < nkv; ++kk) {
+      const void* v = static_cast<const char*>(c.v) + kk * row_bytes;
+      for (int h0 = kk * hk; h0 < (kk + 1) * hk; h0 += kValueTileHeads) {
+        const int nh = std::min(kValueTileHeads, (kk + 1) * hk - h0);
+        const int most = value_tile_chunks(nh);
+        for (int64_t c0 = 0; c0 < chunks; c0 += most) {
+          const int nc = static_cast<int>(std::min<int64_t>(most, chunks - c0));
+          const bool full = (c0 + nc) * kValueLanes <= D;
+          tiles[full ? 1 : 0][nh - 1][nc - 1](scores + h0 * stride, stride, begin + h0, end + h0,
+                                              offsets, v, c0 * kValueLanes, D, r0, r1,
+                                              acc + h0 * Dp + c0 * kValueLanes, Dp);
+        }
+      }
+    }
+  }
+  for (int h = 0; h < heads; ++h)
+    for (int64_t d = 0; d < D; ++d)
+      out[h][d] = acc[h * Dp + d] / sum[h];
 }
 #endif
 
@@ -508,12 +530,14 @@ int64_t window_start(int64_t pos, int32_t window) {
   return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
 }
 
-// Attention of the G query heads that share `kv_head`, for the queries at positions
-// pos0 .. pos0 + nq - 1 of one sequence: query j's heads are G rows of head_dim at
-// q + j * ld, its output goes to out + j * ld. The scores of all nq * G heads are taken
-// over the union of the queries' ranges, so each key is read and converted once; each
-// query then runs its softmax and weighted sum over its own range only.
-void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheLayer& c,
+// Attention of the G query heads that share each of the KV heads kv_head .. kv_head +
+// nkv - 1, for the queries at positions pos0 .. pos0 + nq - 1 of one sequence: query j's
+// heads are nkv * G rows of head_dim at q + j * ld, its output goes to out + j * ld. The
+// scores of all heads are taken over the union of the queries' ranges, so each key is
+// read and converted once, and a position's rows of the nkv KV heads (contiguous in the
+// cache) are read together; each query then runs its softmax and weighted sum over its
+// own range only. A head's result does not depend on nkv.
+void attend(bool simd, const float* q, int64_t ld, int nq, int G, int nkv, const KVCacheLayer& c,
             const int32_t* block_table,  // [max_blocks_per_seq]
             int kv_head, int64_t pos0, int32_t window, float scale, float* out) {
   const int64_t D = c.head_dim;
@@ -521,7 +545,8 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   const int64_t npos = pos0 + nq - lo;
   const int64_t stride = (npos + kLanes - 1) / kLanes * kLanes;
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
-  const int heads = nq * G;
+  const int hk = nq * G;  // heads of one KV head
+  const int heads = hk * nkv;
   Scratch& s = thread_scratch();
   const auto ensure = [](auto& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(n);
@@ -529,7 +554,7 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   ensure(s.scores, heads * stride);
   ensure(s.row, D);
   ensure(s.qpad, heads * Dp + kLanes);
-  ensure(s.acc, G * D);
+  ensure(s.acc, std::max<int64_t>(G * D, heads * Dp));
   ensure(s.offsets, npos);
   ensure(s.heads, heads);
   ensure(s.outs, heads);
@@ -539,42 +564,50 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   float* row = s.row.data();
   float* acc = s.acc.data();
   float* sum = s.sums.data();
-  int64_t* offsets = s.offsets.data();  // element offset of each position's K/V row
+  int64_t* offsets = s.offsets.data();  // element offset of each position's row of kv_head
   for (int64_t i = 0; i < npos; ++i) {
     const int64_t pos = lo + i;
     const int64_t slot =
         static_cast<int64_t>(block_table[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
     offsets[i] = (slot * c.num_kv_heads + kv_head) * D;
   }
-  // Head h = j * G + g is head g of query j: its vector, its output, and its query's
-  // range [lo_j, pos0 + j] as positions [begin[h], end[h]) of the union.
+  // Head h = kk * hk + j * G + g is head g of KV head kv_head + kk for query j: its
+  // vector, its output, and its query's range [lo_j, pos0 + j] as positions
+  // [begin[h], end[h]) of the union.
   const float** hq = s.heads.data();
   float** outs = s.outs.data();
   int64_t* begin = s.ranges.data();
   int64_t* end = begin + heads;
   for (int h = 0; h < heads; ++h) {
-    const int64_t j = h / G, at = j * ld + h % G * D;
+    const int kk = h / hk, j = h % hk / G, g = h % G;
+    const int64_t at = j * ld + (kk * G + g) * D;
     hq[h] = q + at;
     outs[h] = out + at;
     begin[h] = window_start(pos0 + j, window) - lo;
     end[h] = pos0 + j - lo + 1;
   }
+  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(c.dtype));
+  // KV head kv_head + kk's K or V rows: kk * head_dim elements past offsets[i].
+  const auto head_of = [&](const void* base, int kk) {
+    return static_cast<const char*>(base) + kk * row_bytes;
+  };
 
-  // Scores: scores[h * stride + i] = (fma chain over d of q_h[d] * k_i[d]) * scale.
+  // Scores: scores[h * stride + i] = lane_dot_scalar(q_h, k_i) * scale.
 #if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
   if (simd) {
     float* qpad = s.qpad.data();
     qpad += (kLanes - reinterpret_cast<uintptr_t>(qpad) / sizeof(float) % kLanes) % kLanes;
-    scores_simd(hq, heads, offsets, npos, c, scale, scores, stride, qpad);
+    scores_simd(hq, hk, nkv, offsets, npos, c, scale, scores, stride, qpad);
   } else
 #endif
   {
-    for (int64_t i = 0; i < npos; ++i) {
-      for (int64_t d = 0; d < D; ++d)
-        row[d] = load_f32(c.k, c.dtype, offsets[i] + d);
-      for (int h = 0; h < heads; ++h)
-        scores[h * stride + i] = detail::lane_dot_scalar(hq[h], row, D) * scale;
-    }
+    for (int kk = 0; kk < nkv; ++kk)
+      for (int64_t i = 0; i < npos; ++i) {
+        for (int64_t d = 0; d < D; ++d)
+          row[d] = load_f32(head_of(c.k, kk), c.dtype, offsets[i] + d);
+        for (int h = kk * hk; h < (kk + 1) * hk; ++h)
+          scores[h * stride + i] = detail::lane_dot_scalar(hq[h], row, D) * scale;
+      }
   }
 
   // Softmax weights (unnormalized) over each head's range, and their sums. The maximum
@@ -613,14 +646,9 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
   }
 
   // Weighted sum of values.
-#if defined(PAGELLM_KERNELS_AVX512)
+#if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
   if (simd) {
-    accumulate_values_avx512(scores, stride, begin, end, offsets, c, heads, sum, outs);
-    return;
-  }
-#elif defined(PAGELLM_KERNELS_AVX2)
-  if (simd) {
-    accumulate_values_avx2(scores, stride, begin, end, offsets, c, heads, sum, outs);
+    accumulate_values_simd(scores, stride, begin, end, offsets, c, hk, nkv, sum, outs, acc);
     return;
   }
 #endif
@@ -628,7 +656,7 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, const KVCacheL
     std::fill(acc, acc + G * D, 0.f);
     for (int64_t i = begin[h0]; i < end[h0]; ++i) {
       for (int64_t d = 0; d < D; ++d)
-        row[d] = load_f32(c.v, c.dtype, offsets[i] + d);
+        row[d] = load_f32(head_of(c.v, h0 / hk), c.dtype, offsets[i] + d);
       for (int g = 0; g < G; ++g) {
         const float p = scores[(h0 + g) * stride + i];
         float* ag = acc + g * D;
@@ -681,7 +709,7 @@ void paged_attention(const float* q, const KVCacheLayer& cache, const PagedAtten
     for (; t < r.t0 + r.n && pos < 0; ++t, ++pos)  // (a query before the first position)
       std::fill(out + t * ld + offset, out + t * ld + offset + G * D, 0.f);
     if (t == r.t0 + r.n) continue;
-    attend(simd, q + t * ld + offset, ld, static_cast<int>(r.t0 + r.n - t), G, cache,
+    attend(simd, q + t * ld + offset, ld, static_cast<int>(r.t0 + r.n - t), G, 1, cache,
            batch.block_tables + static_cast<int64_t>(r.seq) * batch.max_blocks_per_seq, h, pos,
            batch.sliding_window, scale, out + t * ld + offset);
   }
@@ -694,20 +722,36 @@ void paged_attention_decode(const float* q, const KVCacheLayer& cache,
   const int G = num_q_heads / kvh;
   const int64_t D = cache.head_dim;
   const bool simd = detail::use_simd_or_avx2();
-  const int64_t items = static_cast<int64_t>(batch.num_seqs) * kvh;
+  // A work item is one sequence's group of nkv consecutive KV heads, whose rows of a
+  // position lie together in the cache: read as one run, not as rows num_kv_heads *
+  // head_dim elements apart, they stream from memory at about twice the rate. nkv is
+  // the largest divisor of num_kv_heads that leaves 4 items a thread and keeps an item's
+  // scores within kDecodeScoreFloats.
+  constexpr int64_t kItemsPerThread = 4, kDecodeScoreFloats = int64_t(1) << 20;
+  int32_t longest = 1;
+  for (int32_t s = 0; s < batch.num_seqs; ++s)
+    longest = std::max(longest, batch.context_lens[s]);
+  const int64_t want = kItemsPerThread * omp_get_max_threads();
+  int nkv = kvh;
+  while (nkv > 1 && (kvh % nkv != 0 || int64_t(batch.num_seqs) * (kvh / nkv) < want ||
+                     int64_t(nkv) * G * longest > kDecodeScoreFloats))
+    --nkv;
+  const int groups = kvh / nkv;
+  const int64_t items = static_cast<int64_t>(batch.num_seqs) * groups;
 
-#pragma omp parallel for schedule(static)
+  // Items as threads finish: the cores of a shared machine do not run at one speed.
+#pragma omp parallel for schedule(dynamic)
   for (int64_t item = 0; item < items; ++item) {
-    const int64_t s = item / kvh;
-    const int h = static_cast<int>(item % kvh);
+    const int64_t s = item / groups;
+    const int h = static_cast<int>(item % groups) * nkv;
     const int64_t pos = batch.context_lens[s] - 1;
     const int64_t offset = (s * num_q_heads + static_cast<int64_t>(h) * G) * D;
     if (pos < 0) {
-      std::fill(out + offset, out + offset + G * D, 0.f);
+      std::fill(out + offset, out + offset + nkv * G * D, 0.f);
       continue;
     }
-    attend(simd, q + offset, 0, 1, G, cache, batch.block_tables + s * batch.max_blocks_per_seq, h,
-           pos, batch.sliding_window, scale, out + offset);
+    attend(simd, q + offset, 0, 1, G, nkv, cache, batch.block_tables + s * batch.max_blocks_per_seq,
+           h, pos, batch.sliding_window, scale, out + offset);
   }
 }
 
