@@ -36,7 +36,7 @@ struct Scratch {
   std::vector<float> scores;     // [heads, positions rounded up to 16]
   std::vector<float> row;        // [head_dim] a K or V row in float32
   std::vector<float> qpad;       // [heads, Dp] the query heads zero-padded, 64-byte aligned within
-  std::vector<float> acc;        // [G, head_dim]
+  std::vector<float> acc;        // [G, head_dim], or [heads, Dp] on the SIMD paths
   std::vector<int64_t> offsets;  // [positions] element offset of each K/V row
   std::vector<const float*> heads;  // [heads] each query head's vector
   std::vector<float*> outs;         // [heads] each query head's output
@@ -57,6 +57,13 @@ inline void prefetch_cache_row(const void* base, DType t, int64_t at, int64_t co
   const int64_t bytes = count * dtype_size(t);
   for (int64_t x = 0; x < bytes; x += 64)
     l2_only ? detail::prefetch_l2(row + x) : detail::prefetch_l1(row + x);
+}
+
+// K or V (`base`) moved on by kk KV heads: for the rows at element offsets of KV head h,
+// the same offsets then address KV head h + kk's rows.
+inline const void* kv_head_rows(const void* base, const KVCacheLayer& c, int kk) {
+  return static_cast<const char*>(base) +
+         static_cast<int64_t>(kk) * c.head_dim * static_cast<int64_t>(dtype_size(c.dtype));
 }
 
 // A register tile of the value pass (value_tile, value_tile_avx2).
@@ -428,7 +435,6 @@ void scores_simd(const float* const* q, int hk, int nkv, const int64_t* offsets,
                                                : kScoreLanes<DType::kBF16>;
   const bool full = D % kLanes == 0;
   const int64_t run = nkv * D;  // elements of a position's rows
-  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(c.dtype));
   const __m256 vscale = _mm256_set1_ps(scale);
   alignas(64) float red[kScoreHeads * 8 * 8];
   for (int64_t i0 = 0; i0 < npos; i0 += 8) {
@@ -436,7 +442,7 @@ void scores_simd(const float* const* q, int hk, int nkv, const int64_t* offsets,
     for (int64_t i = i0 + kKeyAhead; i < std::min(npos, i0 + kKeyAhead + 8); ++i)
       prefetch_cache_row(c.k, c.dtype, offsets[i], run);
     for (int kk = 0; kk < nkv; ++kk) {
-      const void* k = static_cast<const char*>(c.k) + kk * row_bytes;
+      const void* k = kv_head_rows(c.k, c, kk);
       for (int h0 = kk * hk; h0 < (kk + 1) * hk; h0 += kScoreHeads) {
         const int nh = std::min(kScoreHeads, (kk + 1) * hk - h0);
         lanes[full ? 1 : 0][nh - 1](qpad + h0 * Dp, Dp, k, offsets + i0, n, D, red);
@@ -452,9 +458,10 @@ void scores_simd(const float* const* q, int hk, int nkv, const int64_t* offsets,
 #if defined(PAGELLM_KERNELS_AVX512)
 constexpr int64_t kValueLanes = kLanes;
 constexpr int kValueTileHeads = kValueHeads;
+// 4 chunks: 24 of the 32 registers at 6 heads.
 constexpr int value_tile_chunks(int) {
   return 4;
-}  // 24 of the 32 registers at 6 heads
+}
 template <DType T>
 constexpr const auto& value_tiles() {
   return kValueTiles<T>;
@@ -492,7 +499,6 @@ void accumulate_values_simd(const float* scores, int64_t stride, const int64_t* 
   const auto& tiles = c.dtype == DType::kF32   ? value_tiles<DType::kF32>()
                       : c.dtype == DType::kF16 ? value_tiles<DType::kF16>()
                                                : value_tiles<DType::kBF16>();
-  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(c.dtype));
   const int64_t first = *std::min_element(begin, begin + heads);
   const int64_t last = *std::max_element(end, end + heads);
   const auto prefetch_round = [&](int64_t from) {
@@ -505,7 +511,7 @@ void accumulate_values_simd(const float* scores, int64_t stride, const int64_t* 
     const int64_t r1 = std::min(last, r0 + kValueRound);
     prefetch_round(r1);
     for (int kk = 0; kk < nkv; ++kk) {
-      const void* v = static_cast<const char*>(c.v) + kk * row_bytes;
+      const void* v = kv_head_rows(c.v, c, kk);
       for (int h0 = kk * hk; h0 < (kk + 1) * hk; h0 += kValueTileHeads) {
         const int nh = std::min(kValueTileHeads, (kk + 1) * hk - h0);
         const int most = value_tile_chunks(nh);
@@ -586,11 +592,6 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, int nkv, const
     begin[h] = window_start(pos0 + j, window) - lo;
     end[h] = pos0 + j - lo + 1;
   }
-  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(c.dtype));
-  // KV head kv_head + kk's K or V rows: kk * head_dim elements past offsets[i].
-  const auto head_of = [&](const void* base, int kk) {
-    return static_cast<const char*>(base) + kk * row_bytes;
-  };
 
   // Scores: scores[h * stride + i] = lane_dot_scalar(q_h, k_i) * scale.
 #if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
@@ -601,13 +602,15 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, int nkv, const
   } else
 #endif
   {
-    for (int kk = 0; kk < nkv; ++kk)
+    for (int kk = 0; kk < nkv; ++kk) {
+      const void* k = kv_head_rows(c.k, c, kk);
       for (int64_t i = 0; i < npos; ++i) {
         for (int64_t d = 0; d < D; ++d)
-          row[d] = load_f32(head_of(c.k, kk), c.dtype, offsets[i] + d);
+          row[d] = load_f32(k, c.dtype, offsets[i] + d);
         for (int h = kk * hk; h < (kk + 1) * hk; ++h)
           scores[h * stride + i] = detail::lane_dot_scalar(hq[h], row, D) * scale;
       }
+    }
   }
 
   // Softmax weights (unnormalized) over each head's range, and their sums. The maximum
@@ -653,10 +656,11 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, int nkv, const
   }
 #endif
   for (int h0 = 0; h0 < heads; h0 += G) {  // the G heads of one query share its range
+    const void* v = kv_head_rows(c.v, c, h0 / hk);
     std::fill(acc, acc + G * D, 0.f);
     for (int64_t i = begin[h0]; i < end[h0]; ++i) {
       for (int64_t d = 0; d < D; ++d)
-        row[d] = load_f32(head_of(c.v, h0 / hk), c.dtype, offsets[i] + d);
+        row[d] = load_f32(v, c.dtype, offsets[i] + d);
       for (int g = 0; g < G; ++g) {
         const float p = scores[(h0 + g) * stride + i];
         float* ag = acc + g * D;
