@@ -152,6 +152,14 @@ timeout 90 "$bin/bench/pagellm_cuda_attention_bench" --json "$out/attention.json
   echo "--- PAGELLM_DECODE_MAX_BLOCKS_PER_SM=4"
   PAGELLM_DECODE_MAX_BLOCKS_PER_SM=4 timeout 90 "$bin/bench/pagellm_cuda_attention_bench" ||
     echo "attention benchmark (4 blocks) failed"
+  # Partitions of 7, 6 and 5 tiles beside the powers of two the kernel picks: at 16 x 4k,
+  # 512 tokens make 1024 blocks, about 1.6 times what the GPU runs at once, and 448
+  # about 1.9 times; where the last, partly filled round of blocks costs time, a length
+  # that fills it does better.
+  echo
+  echo "--- partition lengths"
+  timeout 90 "$bin/bench/pagellm_cuda_attention_bench" --shapes 16x4096,64x1024,256x2048 \
+    --partitions 512,448,384,320,256 || echo "attention benchmark (partition lengths) failed"
 } >>"$out/bench.txt" 2>&1
 
 say "sampling benchmark"

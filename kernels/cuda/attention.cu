@@ -1456,10 +1456,10 @@ int resolve_partition_tokens(int requested, int32_t num_seqs, int num_kv_heads,
                              int32_t max_context) {
   if (requested == 0) return decode_partition_tokens(num_seqs, num_kv_heads, max_context);
   if (requested < kDecodeMinPartitionTokens || requested > kDecodeMaxPartitionTokens ||
-      (requested & (requested - 1)) != 0)
+      requested % kDecodeTile != 0)
     throw std::invalid_argument("paged_attention_decode: partition_tokens " +
                                 std::to_string(requested) +
-                                " is not 0 or a power of two from 64 to 512");
+                                " is not 0 or a multiple of 64 from 64 to 512");
   return requested;
 }
 int64_t decode_parts(int32_t max_context, int part_tokens) {

@@ -200,7 +200,7 @@ size_t paged_attention_decode_workspace_bound(int32_t max_seqs, int num_q_heads,
                                               int head_dim, int32_t max_context,
                                               int multiprocessors = 0);
 
-// `partition_tokens`: 0 for decode_partition_tokens(), or a power of two from 64 to 512
+// `partition_tokens`: 0 for decode_partition_tokens(), or a multiple of 64 from 64 to 512
 // (benchmarks and tests); the workspace must have been sized with the same value.
 void paged_attention_decode(const float* q,  // [num_seqs, num_q_heads, head_dim]
                             const KVCacheLayer& cache, const PagedAttentionBatch& batch,

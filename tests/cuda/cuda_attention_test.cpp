@@ -547,7 +547,7 @@ TEST(CudaAttention, ResultsDoNotDependOnTheBatch) {
   {
     const std::vector<int32_t> ctx = {1500, 17, 600, 4000, 1, 512};
     const Problem p = decode_problem(s, ctx, 0, seed);
-    for (const int part : {128, 512}) {
+    for (const int part : {128, 448, 512}) {
       SCOPED_TRACE("partitions of " + std::to_string(part) + " tokens");
       const auto batch = p.run_decode(4096, part);
       for (int i = 0; i < static_cast<int>(ctx.size()); ++i) {
@@ -629,7 +629,17 @@ TEST(CudaAttention, DecodeWorkspaceCoversEveryPartition) {
   const int auto_tokens = cuda::decode_partition_tokens(1, 8, 32768);
   EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(1, 32, 8, 128, 32768),
             cuda::paged_attention_decode_workspace_bytes(1, 32, 8, 128, 32768, auto_tokens));
-  for (int bad : {32, 96, 1024, -64})
+}
+
+// A caller's partition length: any multiple of the 64-token tile from 64 to 512. (Needs
+// no GPU.)
+TEST(CudaAttention, DecodePartitionLengthsAreChecked) {
+  // 4096 tokens: 10 partitions of 448 (the last one 1 tile), 22 of 192.
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(2, 32, 8, 128, 4096, 448),
+            2u * 32 * 10 * 130 * 4);
+  EXPECT_EQ(cuda::paged_attention_decode_workspace_bytes(2, 32, 8, 128, 4096, 192),
+            2u * 32 * 22 * 130 * 4);
+  for (int bad : {32, 96, 100, 576, 1024, -64})
     EXPECT_THROW(cuda::paged_attention_decode_workspace_bytes(1, 32, 8, 128, 4096, bad),
                  std::invalid_argument)
         << bad;
@@ -697,19 +707,21 @@ TEST(CudaAttention, DecodeWorkspaceBoundCoversEverySmallerBatch) {
 }
 
 // Every partition length gives the same attention (to float32 rounding) on contexts
-// around its boundaries, with and without a sliding window.
+// around its boundaries, with and without a sliding window: the lengths the kernel picks
+// (powers of two) and lengths of 3 and 7 tiles, which a caller may ask for.
 TEST(CudaAttention, DecodeMatchesCpuForEveryPartitionLength) {
   PAGELLM_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("PAGELLM_TEST_SEED=" + std::to_string(seed));
-  const std::vector<int32_t> ctx = {1, 63, 64, 65, 127, 128, 129, 255, 257, 511, 513, 2000};
+  const std::vector<int32_t> ctx = {1,   63,  64,  65,  127, 128, 129, 191, 193,
+                                    255, 257, 447, 449, 511, 513, 897, 2000};
   uint64_t k = 0;
   for (int32_t window : {0, 100}) {
     for (const Shape& s : {Shape{32, 8, 128, DType::kBF16, DType::kF32},
                            Shape{14, 2, 64, DType::kF16, DType::kF32}}) {
       const Problem p = decode_problem(s, ctx, window, seed + k++);
       const std::vector<float> ref = p.reference(true);
-      for (int tokens : {64, 128, 256, 512}) {
+      for (int tokens : {64, 128, 192, 256, 448, 512}) {
         SCOPED_TRACE(describe(s, window) + ", partitions of " + std::to_string(tokens));
         EXPECT_MATCHES(p.run_decode(-1, tokens), ref, s.out);
         // A grid for a longer max_context (a graph bucket): the same result.
