@@ -259,9 +259,9 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < NC; ++c)
       acc[h][c] = _mm256_loadu_ps(io + h * io_stride + 8 * c);
-  const auto load_row = [&](int64_t i, __m256(&vv)[NC]) {
-    // The first pass brings whole rows into L1; the later ones (the rows have left L1)
-    // prefetch the line their chunks start in.
+  // The first pass brings whole rows into L1; the later ones (the rows have left L1)
+  // prefetch the line their chunks start in.
+  const auto prefetch_ahead = [&](int64_t i) {
     if (i + kValueAheadAvx2 < last) {
       if (d0 == 0)
         prefetch_cache_row(v, T, offsets[i + kValueAheadAvx2], D);
@@ -269,6 +269,9 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
         detail::prefetch_l1(static_cast<const char*>(v) +
                             (offsets[i + kValueAheadAvx2] + d0) * dtype_size(T));
     }
+  };
+  const auto load_row = [&](int64_t i, __m256(&vv)[NC]) {
+    prefetch_ahead(i);
     for (int c = 0; c < NC; ++c)
       vv[c] = Full ? load8<T>(v, offsets[i] + d0 + 8 * c)
                    : load8(v, T, offsets[i] + d0 + 8 * c, D - d0 - 8 * c);
@@ -288,6 +291,22 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
   };
   blended(first, all_begin);
   for (int64_t i = all_begin; i < all_end; ++i) {
+    if constexpr (NH < NC) {
+      // The heads' weights first, then one V chunk at a time: NH + 1 registers beside the
+      // accumulators, not NC + 1 (3 heads x 4 chunks: 16 registers, not 17, so no
+      // accumulator lives on the stack).
+      prefetch_ahead(i);
+      __m256 pb[NH];
+      for (int h = 0; h < NH; ++h)
+        pb[h] = _mm256_set1_ps(p[h * stride + i]);
+      for (int c = 0; c < NC; ++c) {
+        const __m256 vc = Full ? load8<T>(v, offsets[i] + d0 + 8 * c)
+                               : load8(v, T, offsets[i] + d0 + 8 * c, D - d0 - 8 * c);
+        for (int h = 0; h < NH; ++h)
+          acc[h][c] = _mm256_fmadd_ps(pb[h], vc, acc[h][c]);
+      }
+      continue;
+    }
     __m256 vv[NC];
     load_row(i, vv);
     for (int h = 0; h < NH; ++h) {
