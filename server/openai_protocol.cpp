@@ -1,5 +1,6 @@
 #include "server/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -23,11 +24,49 @@ std::string dump(const ordered_json& value) {
   throw ApiException(invalid_request(std::move(message), std::move(param)));
 }
 
+// Arrays and objects nest at most this deep in a request. Chat messages and tools are
+// walked recursively (into the chat template's values, and back to text), so a body
+// nested thousands deep would overflow the stack; real requests (JSON schemas of tools
+// included) stay far below.
+constexpr int kMaxJsonDepth = 128;
+
+// The deepest nesting of arrays and objects in `text`, outside strings; stops counting
+// past kMaxJsonDepth. Malformed text is the parser's to refuse.
+int json_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > kMaxJsonDepth) break;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 ordered_json parse_body(const std::string& body) {
+  if (json_depth(body) > kMaxJsonDepth) {
+    fail("the request body nests arrays and objects more than " + std::to_string(kMaxJsonDepth) +
+             " deep",
+         "");
+  }
   ordered_json value;
   try {
     value = ordered_json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number past a double's range (1e400).
     fail(std::string("the request body is not valid JSON: ") + e.what(), "");
   }
   if (!value.is_object()) fail("the request body must be a JSON object", "");

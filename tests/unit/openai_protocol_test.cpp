@@ -130,6 +130,27 @@ TEST(OpenAIProtocol, RefusesBadChatRequests) {
   EXPECT_NE(e.message.find("temperature"), std::string::npos) << e.message;
 }
 
+// A number past a double's range is not valid JSON here, and nesting deeper than 128
+// levels is refused before the body is walked (the chat path recurses into messages).
+TEST(OpenAIProtocol, RefusesOverflowingNumbersAndDeepNesting) {
+  EXPECT_EQ(completion_error(R"({"prompt": "a", "foo": 1e400})").status, 400);
+  EXPECT_EQ(chat_error(chat_with(R"("temperature": -1e400)")).status, 400);
+  const auto message_with = [](const std::string& x) {
+    return R"({"messages": [{"role": "user", "content": "hi", "x": )" + x + "}]}";
+  };
+  const auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  // The body, messages and the message are 3 levels.
+  EXPECT_NO_THROW(parse_chat_request(message_with(nested(125))));
+  const ApiError deep = chat_error(message_with(nested(126)));
+  EXPECT_EQ(deep.status, 400);
+  EXPECT_NE(deep.message.find("128"), std::string::npos) << deep.message;
+  EXPECT_EQ(chat_error(message_with(nested(100000))).status, 400);
+  EXPECT_EQ(completion_error(R"({"prompt": "a", "x": )" + nested(200) + "}").status, 400);
+  // Brackets inside strings, escaped quotes too, are text.
+  EXPECT_NO_THROW(parse_chat_request(message_with("\"\\\"" + std::string(500, '[') + "\"")));
+  EXPECT_NO_THROW(parse_completion_request(R"({"prompt": ")" + std::string(500, '{') + "\"}"));
+}
+
 // logit_bias maps token ids to biases; options this server cannot honour are refused
 // rather than ignored, except in the forms that ask for nothing.
 TEST(OpenAIProtocol, LogitBiasAndUnsupportedOptions) {
