@@ -79,51 +79,72 @@ Engine::~Engine() {
 }
 
 SubmitResult Engine::submit(GenerationRequest request) {
+  std::vector<GenerationRequest> one;
+  one.push_back(std::move(request));
+  SubmitAllResult all = submit_all(std::move(one));
   SubmitResult result;
-  const scheduler::AddResult check =
-      scheduler_.validate(static_cast<int32_t>(request.prompt.size()), request.params.max_tokens);
-  if (check.status != scheduler::AddStatus::kAdded) {
-    result.status = check.status;
-    result.message = check.message;
-    return result;
-  }
-  const int64_t vocab = backend_->config().vocab_size;
-  auto outside = [&](const char* what, int32_t id) {
-    result.status = scheduler::AddStatus::kInvalid;
-    result.message = std::string(what) + " token id " + std::to_string(id) +
-                     " is outside the vocabulary [0, " + std::to_string(vocab) + ")";
-    result.param = what;
+  result.status = all.status;
+  result.message = std::move(all.message);
+  result.param = std::move(all.param);
+  if (all.ok()) result.stream = std::move(all.streams.front());
+  return result;
+}
+
+SubmitAllResult Engine::submit_all(std::vector<GenerationRequest> requests) {
+  SubmitAllResult result;
+  const auto refuse = [&](scheduler::AddStatus status, std::string message,
+                          std::string param = "") {
+    result.status = status;
+    result.message = std::move(message);
+    result.param = std::move(param);
     return result;
   };
-  for (int32_t id : request.prompt) {
-    if (id < 0 || id >= vocab) return outside("prompt", id);
+  const int64_t count = static_cast<int64_t>(requests.size());
+  const int32_t max_waiting = config_.scheduler.max_waiting;
+  if (count > max_waiting) {
+    return refuse(scheduler::AddStatus::kNeverFits,
+                  "the request asks for " + std::to_string(count) +
+                      " sequences (its prompts times n), more than the " +
+                      std::to_string(max_waiting) + " the server queues at once",
+                  "n");
   }
-  for (const auto& [id, bias] : request.params.logit_bias) {
-    if (id < 0 || id >= vocab) return outside("logit_bias", id);
+  const int64_t vocab = backend_->config().vocab_size;
+  const auto outside = [&](const char* what, int32_t id) {
+    return refuse(scheduler::AddStatus::kInvalid,
+                  std::string(what) + " token id " + std::to_string(id) +
+                      " is outside the vocabulary [0, " + std::to_string(vocab) + ")",
+                  what);
+  };
+  for (const GenerationRequest& request : requests) {
+    const scheduler::AddResult check =
+        scheduler_.validate(static_cast<int32_t>(request.prompt.size()), request.params.max_tokens);
+    if (check.status != scheduler::AddStatus::kAdded) return refuse(check.status, check.message);
+    for (int32_t id : request.prompt) {
+      if (id < 0 || id >= vocab) return outside("prompt", id);
+    }
+    for (const auto& [id, bias] : request.params.logit_bias) {
+      if (id < 0 || id >= vocab) return outside("logit_bias", id);
+    }
   }
-  if (!alive_) {
-    result.status = scheduler::AddStatus::kInvalid;
-    result.message = "the engine is not running";
-    return result;
-  }
-  const uint64_t id = next_id_++;
-  auto stream = std::make_shared<RequestStream>(id);
+  if (!alive_) return refuse(scheduler::AddStatus::kInvalid, "the engine is not running");
   {
     std::lock_guard lock(inbox_mutex_);
-    const int32_t waiting =
-        stats_snapshot_waiting_.load() + static_cast<int32_t>(new_requests_.size());
-    if (stopping_ || waiting >= config_.scheduler.max_waiting) {
-      result.status = scheduler::AddStatus::kQueueFull;
-      result.message = stopping_ ? "the server is shutting down"
-                                 : "the waiting queue is full (" +
-                                       std::to_string(config_.scheduler.max_waiting) +
-                                       " requests); retry later";
-      return result;
+    if (stopping_) return refuse(scheduler::AddStatus::kQueueFull, "the server is shutting down");
+    const int64_t waiting = static_cast<int64_t>(snapshot_waiting_) + admitted_since_snapshot_ +
+                            static_cast<int64_t>(new_requests_.size());
+    if (waiting + count > max_waiting) {
+      return refuse(
+          scheduler::AddStatus::kQueueFull,
+          "the waiting queue is full (" + std::to_string(max_waiting) + " requests); retry later");
     }
-    new_requests_.push_back({id, stream, std::move(request)});
+    for (GenerationRequest& request : requests) {
+      const uint64_t id = next_id_++;
+      auto stream = std::make_shared<RequestStream>(id);
+      result.streams.push_back(stream);
+      new_requests_.push_back({id, std::move(stream), std::move(request)});
+    }
   }
   inbox_ready_.notify_one();
-  result.stream = std::move(stream);
   return result;
 }
 
@@ -162,6 +183,7 @@ void Engine::loop() {
         return stopping_ || !new_requests_.empty() || !aborts_.empty() || scheduler_.has_work();
       });
       incoming.swap(new_requests_);
+      admitted_since_snapshot_ += static_cast<int32_t>(incoming.size());
       aborts.swap(aborts_);
       stopping = stopping_;
     }
@@ -365,7 +387,9 @@ void Engine::publish_stats(BlockMapRefresh block_map) {
   stats_.finished_length = finished_length_;
   stats_.finished_abort = finished_abort_;
   stats_.failed = failed_;
-  stats_snapshot_waiting_ = stats_.num_waiting;
+  std::lock_guard inbox(inbox_mutex_);
+  snapshot_waiting_ = stats_.num_waiting;
+  admitted_since_snapshot_ = 0;
 }
 
 }  // namespace pagellm::engine

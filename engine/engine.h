@@ -58,6 +58,14 @@ struct SubmitResult {
   std::string param;    // the request field at fault, when one is
   bool ok() const { return stream != nullptr; }
 };
+// Requests submitted together: every one queued (streams[i] is requests[i]'s), or none.
+struct SubmitAllResult {
+  std::vector<std::shared_ptr<RequestStream>> streams;  // empty when refused
+  scheduler::AddStatus status = scheduler::AddStatus::kAdded;
+  std::string message;
+  std::string param;
+  bool ok() const { return status == scheduler::AddStatus::kAdded; }
+};
 
 // A snapshot of the engine for metrics and /v1/stats.
 struct EngineStats {
@@ -88,6 +96,10 @@ class Engine {
   // Queues a request. Refuses at once, with a message for the client, one that can never
   // run (over the context window or the whole pool), or when the queue is full.
   SubmitResult submit(GenerationRequest request);
+  // Queues requests together (the choices of one API request): all of them, or none when
+  // one of them would be refused or the queue has no room for them all. More of them
+  // than the queue holds (max_waiting) can never be queued: kNeverFits.
+  SubmitAllResult submit_all(std::vector<GenerationRequest> requests);
   // Cancels a request in any state; its stream ends with finish reason abort.
   void abort(uint64_t request_id);
   // Aborts everything still running and joins the engine thread.
@@ -134,8 +146,12 @@ class Engine {
   std::vector<Submitted> new_requests_;
   std::vector<uint64_t> aborts_;
   bool stopping_ = false;
-  std::atomic<uint64_t> next_id_{1};
-  std::atomic<int32_t> stats_snapshot_waiting_{0};
+  uint64_t next_id_ = 1;
+  // Waiting requests as of the last stats snapshot, and those taken from the inbox since
+  // (admitted, but not yet in a snapshot): with new_requests_, what submit counts
+  // against max_waiting. Both change under inbox_mutex_.
+  int32_t snapshot_waiting_ = 0;
+  int32_t admitted_since_snapshot_ = 0;
 
   // Engine thread only.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;

@@ -53,7 +53,7 @@ constexpr const char* kUsage =
     "  --max-num-seqs N            sequences in one batch (default 256)\n"
     "  --max-num-batched-tokens N  tokens in one forward pass (default 2048)\n"
     "  --max-model-len N           context window (default: the model's)\n"
-    "  --max-waiting N             queued requests before 429 (default 4096)\n"
+    "  --max-waiting N             queued sequences before 429 (default 4096)\n"
     "  --scheduling-policy P       fcfs (default: first come, first served) or priority\n"
     "                              (requests' 'priority' field, lower first)\n"
     "  --api-key KEY               require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'\n"
@@ -185,7 +185,7 @@ ServeOptions parse_options(const ArgReader& reader) {
     o.max_model_len = static_cast<int32_t>(parse_int("--max-model-len", *v, 0, kInt32Max));
   }
   if (auto v = get("--max-waiting")) {
-    o.max_waiting = static_cast<int32_t>(parse_int("--max-waiting", *v, 0, kInt32Max));
+    o.max_waiting = static_cast<int32_t>(parse_int("--max-waiting", *v, 1, kInt32Max));
   }
   if (auto v = get("--scheduling-policy")) {
     if (*v != "fcfs" && *v != "priority") {

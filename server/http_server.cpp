@@ -355,7 +355,7 @@ struct HttpServer::Impl {
     return prompts;
   }
 
-  ApiError submit_error(const engine::SubmitResult& result) const {
+  ApiError submit_error(const engine::SubmitAllResult& result) const {
     switch (result.status) {
       case AddStatus::kQueueFull:
         if (draining) return error_for_status(503, result.message);
@@ -398,6 +398,8 @@ struct HttpServer::Impl {
       }
     }
 
+    // Every choice of every prompt, queued together: all, or none.
+    std::vector<engine::GenerationRequest> sequences;
     std::vector<Choice> choices;
     for (size_t p = 0; p < prompts.size(); ++p) {
       for (int32_t i = 0; i < r.params.n; ++i) {
@@ -415,20 +417,21 @@ struct HttpServer::Impl {
         }
         g.priority = r.priority;
         g.skip_special_tokens = r.skip_special_tokens;
-        engine::SubmitResult submitted = engine.submit(std::move(g));
-        if (!submitted.ok()) {
-          abort_all(choices);
-          const ApiError e = submit_error(submitted);
-          if (e.status == 429) res.set_header("Retry-After", "1");
-          throw ApiException(e);
-        }
+        sequences.push_back(std::move(g));
         Choice c;
         c.index = index;
         c.prompt_index = static_cast<int32_t>(p);
-        c.stream = std::move(submitted.stream);
         choices.push_back(std::move(c));
       }
     }
+    engine::SubmitAllResult submitted = engine.submit_all(std::move(sequences));
+    if (!submitted.ok()) {
+      const ApiError e = submit_error(submitted);
+      if (e.status == 429) res.set_header("Retry-After", "1");
+      throw ApiException(e);
+    }
+    for (size_t i = 0; i < choices.size(); ++i)
+      choices[i].stream = std::move(submitted.streams[i]);
     for (const auto& p : prompts)
       log->tokens_in += static_cast<int64_t>(p.size());
 

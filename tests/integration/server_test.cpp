@@ -478,6 +478,20 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
   expect_error(*client_, chat_path, chat("x", {{"max_tokens", "many"}}).dump(), 400);
   expect_error(*client_, chat_path, R"({"messages": []})", 400);
   expect_error(*client_, chat_path, R"({"messages": [{"role": "robot", "content": "x"}]})", 400);
+  // A number past a double's range, and nesting 30,000 deep (which once overflowed the
+  // stack on the chat path): 400, and the server answers on.
+  expect_error(*client_, "/v1/completions", R"({"prompt": "a", "max_tokens": 1e400})", 400);
+  const std::string deep(30000, '[');
+  expect_error(*client_, chat_path,
+               R"({"messages": [{"role": "user", "content": "hi", "x": )" + deep +
+                   std::string(deep.size(), ']') + "}]}",
+               400);
+  expect_error(
+      *client_, "/tokenize",
+      R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"a": )" + deep +
+          std::string(deep.size(), ']') + "}}",
+      400);
+  ASSERT_EQ(client_->Get("/health")->status, 200);
   const json model = expect_error(*client_, chat_path, chat("x", {{"model", "gpt-9"}}).dump(), 404);
   EXPECT_EQ(model["code"], "model_not_found");
   expect_error(*client_, "/v1/nothing", "{}", 404);
@@ -683,18 +697,6 @@ TEST(ServerProcess, GenerationConfigSetsSamplingDefaults) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
-  ServerProcess server({"--max-waiting", "0"});
-  ASSERT_GT(server.port(), 0) << server.log();
-  httplib::Client client = server.client(false);
-  auto res =
-      client.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 429);
-  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
-  EXPECT_EQ(json::parse(res->body)["error"]["type"], "rate_limit_error");
-}
-
 // Waits until the server runs a request.
 void wait_until_running(httplib::Client& probe) {
   for (auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -702,6 +704,62 @@ void wait_until_running(httplib::Client& probe) {
     if (metric(probe, "pagellm:num_requests_running") >= 1) return;
   }
   ADD_FAILURE() << "no request started running";
+}
+
+TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
+  // One sequence runs at a time and one may wait.
+  ServerProcess server({"--max-num-seqs", "1", "--max-waiting", "1"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client probe = server.client(false);
+  std::thread running([&] {
+    httplib::Client c = server.client(false);
+    c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 1000, "ignore_eos": true})",
+           "application/json");
+  });
+  wait_until_running(probe);
+  std::thread waiting([&] {
+    httplib::Client c = server.client(false);
+    c.Post("/v1/completions", R"({"prompt": "y", "max_tokens": 2})", "application/json");
+  });
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < deadline &&
+       metric(probe, "pagellm:num_requests_waiting") < 1;
+       std::this_thread::sleep_for(5ms)) {
+  }
+  ASSERT_EQ(metric(probe, "pagellm:num_requests_waiting"), 1);
+  auto res =
+      probe.Post("/v1/completions", R"({"prompt": "z", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429) << res->body;
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(json::parse(res->body)["error"]["type"], "rate_limit_error");
+  server.stop(SIGKILL, 10s);
+  running.join();
+  waiting.join();
+}
+
+// A request whose choices (prompts times n) outnumber the waiting queue can never be
+// queued: 400 at once, even on an idle server, and nothing of it reaches the engine.
+TEST(ServerProcess, MoreChoicesThanTheQueueHoldsAre400) {
+  ServerProcess server({"--max-waiting", "3"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client(false);
+  auto res = client.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2, "n": 4})",
+                         "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  EXPECT_EQ(json::parse(res->body)["error"]["param"], "n") << res->body;
+  EXPECT_EQ(res->get_header_value("Retry-After"), "");
+  res = client.Post("/v1/completions", R"({"prompt": ["a", "b"], "max_tokens": 2, "n": 2})",
+                    "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  const json three =
+      post_json(client, "/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"n", 3}});
+  EXPECT_EQ(three["choices"].size(), 3u) << three.dump();
+  const json stats = json::parse(client.Get("/v1/stats")->body);
+  EXPECT_EQ(stats["finished"]["abort"], 0) << stats.dump();
+  EXPECT_EQ(stats["finished"]["length"], 3) << stats.dump();
 }
 
 TEST(ServerProcess, SigtermLetsRequestsInFlightFinishAndExitsZero) {
@@ -762,10 +820,10 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
         "--shutdown-timeout", "--backend", "--scheduling-policy", "--gpu-memory-utilization"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
-  for (const char* args :
-       {"--backend tpu", "--port x", "--config /nonexistent.json",
-        "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
-        "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x", "--generation-config vllm"}) {
+  for (const char* args : {"--backend tpu", "--port x", "--config /nonexistent.json",
+                           "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
+                           "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x",
+                           "--generation-config vllm", "--max-waiting 0"}) {
     const std::string bad = std::string("'") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
     const int status = std::system(bad.c_str());
     EXPECT_EQ(WEXITSTATUS(status), 2) << args;

@@ -280,17 +280,91 @@ TEST_F(EngineTest, UsageCountsCachedPromptTokensAndTimesAreOrdered) {
 }
 
 TEST_F(EngineTest, RefusesWhatCanNeverRunAndFullQueues) {
-  auto engine = make_engine(4, 64, /*max_waiting=*/0);
-  auto too_long = engine->submit(greedy(std::vector<int32_t>(10, 1), 100000));
-  EXPECT_FALSE(too_long.ok());
-  EXPECT_EQ(too_long.status, scheduler::AddStatus::kTooLong);
-  auto too_big = engine->submit(greedy(std::vector<int32_t>(60, 1), 10));
-  EXPECT_EQ(too_big.status, scheduler::AddStatus::kNeverFits) << too_big.message;
-  auto bad_id = engine->submit(greedy({1, 2, 1 << 20}, 1));
-  EXPECT_EQ(bad_id.status, scheduler::AddStatus::kInvalid);
+  {
+    auto engine = make_engine(4);
+    auto too_long = engine->submit(greedy(std::vector<int32_t>(10, 1), 100000));
+    EXPECT_FALSE(too_long.ok());
+    EXPECT_EQ(too_long.status, scheduler::AddStatus::kTooLong);
+    auto too_big = engine->submit(greedy(std::vector<int32_t>(60, 1), 10));
+    EXPECT_EQ(too_big.status, scheduler::AddStatus::kNeverFits) << too_big.message;
+    auto bad_id = engine->submit(greedy({1, 2, 1 << 20}, 1));
+    EXPECT_EQ(bad_id.status, scheduler::AddStatus::kInvalid);
+  }
+  // One sequence runs at a time and one may wait: with one running and one waiting, the
+  // queue is full.
+  auto engine = make_engine(16, /*max_num_seqs=*/1, /*max_waiting=*/1);
+  auto running = engine->submit(greedy({1, 2, 3}, 200));
+  ASSERT_TRUE(running.ok()) << running.message;
+  const auto first = running.stream->next(std::chrono::seconds(10));
+  ASSERT_TRUE(first && !first->tokens.empty());
+  auto waiting = engine->submit(greedy({4, 5, 6}, 2));
+  ASSERT_TRUE(waiting.ok()) << waiting.message;
   auto full = engine->submit(greedy({1, 2, 3}, 1));
-  EXPECT_EQ(full.status, scheduler::AddStatus::kQueueFull);
+  EXPECT_EQ(full.status, scheduler::AddStatus::kQueueFull) << full.message;
   EXPECT_NE(full.message.find("retry"), std::string::npos);
+  engine->abort(running.stream->id());
+  const GenerationChunk after = waiting.stream->collect();
+  EXPECT_TRUE(after.error.empty()) << after.error;
+  EXPECT_EQ(after.finish_reason, FinishReason::kLength);
+}
+
+// The choices of one API request are queued together: all, or none (nothing queued and
+// then aborted). More of them than the queue holds can never be queued.
+TEST_F(EngineTest, SubmitsRequestsTogetherOrNotAtAll) {
+  auto engine = make_engine(64, 64, /*max_waiting=*/3);
+  const auto refused = engine->submit_all(std::vector<GenerationRequest>(4, greedy({1, 2, 3}, 2)));
+  EXPECT_EQ(refused.status, scheduler::AddStatus::kNeverFits) << refused.message;
+  EXPECT_NE(refused.message.find("4 sequences"), std::string::npos) << refused.message;
+  EXPECT_NE(refused.message.find("3 the server queues"), std::string::npos) << refused.message;
+  EXPECT_TRUE(refused.streams.empty());
+  // One bad request refuses the others too.
+  std::vector<GenerationRequest> mixed = {greedy({1, 2, 3}, 2), greedy({1, 1 << 20}, 2)};
+  const auto bad = engine->submit_all(mixed);
+  EXPECT_EQ(bad.status, scheduler::AddStatus::kInvalid) << bad.message;
+  EXPECT_EQ(bad.param, "prompt");
+  EXPECT_TRUE(bad.streams.empty());
+
+  auto three = engine->submit_all(std::vector<GenerationRequest>(3, greedy({1, 2, 3}, 2)));
+  ASSERT_TRUE(three.ok()) << three.message;
+  ASSERT_EQ(three.streams.size(), 3u);
+  for (const auto& stream : three.streams) {
+    const GenerationChunk c = stream->collect();
+    EXPECT_TRUE(c.error.empty()) << c.error;
+    EXPECT_EQ(c.usage.completion_tokens, 2);
+  }
+  // Nothing of the refused submissions reached the engine.
+  const EngineStats stats = engine->stats();
+  EXPECT_EQ(stats.finished_abort, 0);
+  EXPECT_EQ(stats.failed, 0);
+  EXPECT_EQ(stats.finished_length, 3);
+}
+
+// A request the engine accepts is never refused afterwards for want of queue room: the
+// room it takes is counted from its submission on, also while the engine thread is
+// moving it into the scheduler.
+TEST_F(EngineTest, AcceptedRequestsAreNotRefusedLater) {
+  auto engine = make_engine(64, /*max_num_seqs=*/2, /*max_waiting=*/3);
+  std::vector<std::shared_ptr<RequestStream>> accepted;
+  int refused = 0;
+  for (int i = 0; i < 600; ++i) {
+    // Bursts of 20 at different moments of the engine's steps.
+    if (i % 20 == 0) std::this_thread::sleep_for(std::chrono::microseconds(100 * (i / 20 % 7)));
+    auto s = engine->submit(greedy({1, 2, 3, 3 + i % 50}, 3));
+    if (s.ok()) {
+      accepted.push_back(s.stream);
+    } else {
+      EXPECT_EQ(s.status, scheduler::AddStatus::kQueueFull) << s.message;
+      ++refused;
+    }
+  }
+  int failed = 0;
+  for (const auto& stream : accepted) {
+    const GenerationChunk c = stream->collect();
+    if (!c.error.empty()) ++failed;
+    EXPECT_TRUE(c.error.empty()) << c.error;
+  }
+  EXPECT_EQ(failed, 0) << accepted.size() << " accepted, " << refused << " refused";
+  EXPECT_GT(refused, 0);
 }
 
 // The CPU backend, except that forward calls number `fail_from` to `fail_to` throw `Error`.
