@@ -5,9 +5,11 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
+#include <string_view>
 
 #include "engine/chat_template.h"
 #include "engine/engine.h"
@@ -124,7 +126,7 @@ struct Choice {
   int32_t prompt_index = 0;
   std::shared_ptr<engine::RequestStream> stream;
   bool done = false;
-  int64_t logprob_chars = 0;  // characters of the tokens whose logprobs went out
+  CharacterCounter logprob_chars;  // characters of the tokens whose logprobs went out
   // What has been gathered (engine::merge_chunk): the end (usage, reason, times) and when
   // each token was sampled, for inter-token latency.
   engine::GenerationChunk final;
@@ -191,8 +193,13 @@ struct HttpServer::Impl {
     if (options.api_key.empty()) return;
     std::string key;
     const std::string auth = req.get_header_value("Authorization");
-    if (auth.rfind("Bearer ", 0) == 0) {
-      key = auth.substr(7);
+    // "Bearer KEY", the scheme's name in any case (RFC 9110).
+    constexpr std::string_view kScheme = "bearer ";
+    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+    if (auth.size() >= kScheme.size() &&
+        std::equal(kScheme.begin(), kScheme.end(), auth.begin(),
+                   [&](char a, char b) { return a == lower(b); })) {
+      key = auth.substr(kScheme.size());
     } else if (req.has_header("X-Api-Key")) {
       key = req.get_header_value("X-Api-Key");
     }
@@ -557,7 +564,9 @@ struct HttpServer::Impl {
 
   void client_gone(const std::vector<Choice>& choices, const std::shared_ptr<AccessLog>& log) {
     abort_all(choices);
-    ++metrics.requests_abort;
+    // One abort for each choice that had not ended, as the engine counts them.
+    for (const Choice& c : choices)
+      metrics.requests_abort += c.done ? 0 : 1;
     log->status = 499;
     spdlog::info("{}: the client went away; request aborted", log->id);
   }
@@ -623,7 +632,7 @@ struct HttpServer::Impl {
           out.logprobs = logprob_entries(chunk->tokens);
           out.text_offset = c.logprob_chars;
           for (const TokenLogprobEntry& e : out.logprobs)
-            c.logprob_chars += characters_in(e.token);
+            c.logprob_chars.add(e.token);
         }
         // The text and tokens went out above; the times and the end are gathered.
         chunk->text.clear();

@@ -118,7 +118,9 @@ std::string render_metrics(const engine::EngineStats& stats, const ServerMetrics
   metric(out, "counter", "pagellm:prefix_cache_hits_total",
          "Prompt tokens found in the prefix cache.", labels, double(stats.kv.prefix_hit_tokens));
 
-  out += "# HELP pagellm:request_success_total Finished requests by finish reason.\n";
+  out +=
+      "# HELP pagellm:request_success_total Finished requests (each choice of n) by finish "
+      "reason.\n";
   out += "# TYPE pagellm:request_success_total counter\n";
   const std::pair<const char*, int64_t> reasons[] = {{"stop", server.requests_stop.load()},
                                                      {"length", server.requests_length.load()},

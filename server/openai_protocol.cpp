@@ -356,7 +356,7 @@ ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
   }
   ordered_json tokens = ordered_json::array(), token_logprobs = ordered_json::array(),
                top_logprobs = ordered_json::array(), offsets = ordered_json::array();
-  int64_t offset = choice.text_offset;
+  CharacterCounter offset = choice.text_offset;
   for (const TokenLogprobEntry& e : choice.logprobs) {
     tokens.push_back(token_display(e.token));
     token_logprobs.push_back(e.logprob);
@@ -364,8 +364,8 @@ ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
     for (const auto& [token, logprob] : e.top)
       top[token_display(token)] = logprob;
     top_logprobs.push_back(std::move(top));
-    offsets.push_back(offset);
-    offset += characters_in(e.token);
+    offsets.push_back(offset.count());
+    offset.add(e.token);
   }
   return {{"tokens", std::move(tokens)},
           {"token_logprobs", std::move(token_logprobs)},
@@ -622,11 +622,21 @@ std::string model_response(const ModelInfo& model) {
   return dump(model_json(model));
 }
 
-int64_t characters_in(const std::string& bytes) {
-  int64_t n = 0;
-  for (unsigned char c : bytes)
-    n += (c & 0xC0) != 0x80 ? 1 : 0;  // every byte that does not continue a character
-  return n;
+void CharacterCounter::add(std::string_view bytes) {
+  // The pending bytes are a valid prefix, so the one character or U+FFFD they start
+  // covers them all: what starts in `bytes` is new.
+  const std::string data = pending_ + std::string(bytes);
+  const size_t old = pending_.size();
+  pending_.clear();
+  for (size_t pos = 0; pos < data.size();) {
+    const engine::utf8::SequenceInfo s = engine::utf8::inspect(std::string_view(data).substr(pos));
+    if (pos >= old) ++count_;
+    if (s.kind == engine::utf8::SequenceInfo::kIncomplete) {
+      pending_ = data.substr(pos);
+      break;
+    }
+    pos += s.length;
+  }
 }
 
 }  // namespace pagellm::server

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "scheduler/sampling_params.h"
@@ -86,15 +87,28 @@ struct TokenLogprobEntry {
   std::vector<std::pair<std::string, float>> top;
 };
 
+// Characters of a text that arrives as raw bytes, token by token, as its lossy decode has
+// them (each maximal invalid subpart one U+FFFD, as the text sent is decoded): completions'
+// text_offset. A character counts with the token that holds its first byte.
+class CharacterCounter {
+ public:
+  int64_t count() const { return count_; }
+  void add(std::string_view bytes);
+
+ private:
+  int64_t count_ = 0;
+  std::string pending_;  // a valid but incomplete sequence at the end (counted already)
+};
+
 struct ChoiceResult {
   int32_t index = 0;
   std::string text;
   std::string finish_reason;  // empty: null (stream chunks before the end)
   bool has_logprobs = false;
   std::vector<TokenLogprobEntry> logprobs;
-  // Characters before the first of `logprobs` (completions' text_offset): the stream's
-  // earlier chunks.
-  int64_t text_offset = 0;
+  // The characters before the first of `logprobs` (completions' text_offset): the
+  // stream's earlier chunks.
+  CharacterCounter text_offset;
 };
 
 struct UsageResult {
@@ -112,9 +126,6 @@ struct ResponseMeta {
 // Whole (non-streaming) responses.
 std::string completion_response(bool chat, const ResponseMeta& meta,
                                 const std::vector<ChoiceResult>& choices, const UsageResult& usage);
-
-// Characters that a token's raw bytes add to a text: completions' text_offset counts them.
-int64_t characters_in(const std::string& bytes);
 
 // One SSE data payload: a chunk with one choice. Chat chunks with `role_delta` carry
 // delta.role = "assistant".

@@ -548,15 +548,30 @@ TEST_F(Server, ApiKeyIsRequired) {
   EXPECT_EQ(res->status, 401);
   res = anonymous.Get("/v1/models", {{"X-Api-Key", kKey}});
   EXPECT_EQ(res->status, 200);
+  // The scheme's name is case-insensitive (RFC 9110).
+  for (const char* scheme : {"Bearer ", "bearer ", "BEARER "}) {
+    res = anonymous.Get("/v1/models", {{"Authorization", std::string(scheme) + kKey}});
+    EXPECT_EQ(res->status, 200) << scheme;
+  }
+  res = anonymous.Get("/v1/models", {{"Authorization", std::string("Basic ") + kKey}});
+  EXPECT_EQ(res->status, 401);
 }
 
 TEST_F(Server, ClientThatHangsUpAbortsItsRequest) {
   const double aborted_before = metric(
       *client_, "pagellm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"}");
-  const Sse sse = post_stream(
-      *client_, "/v1/completions",
-      {{"prompt", "a long story"}, {"max_tokens", 1000}, {"ignore_eos", true}, {"stream", true}},
-      2);
+  const auto engine_aborts = [&] {
+    return json::parse(client_->Get("/v1/stats")->body)["finished"]["abort"].get<int64_t>();
+  };
+  const int64_t engine_aborts_before = engine_aborts();
+  // Three choices: each counts as an abort, in the metrics as in the engine's stats.
+  const Sse sse = post_stream(*client_, "/v1/completions",
+                              {{"prompt", "a long story"},
+                               {"max_tokens", 1000},
+                               {"n", 3},
+                               {"ignore_eos", true},
+                               {"stream", true}},
+                              2);
   EXPECT_EQ(sse.events.size(), 2u);
   EXPECT_FALSE(sse.done);
   // The engine frees the blocks as soon as the server sees the connection gone.
@@ -569,7 +584,8 @@ TEST_F(Server, ClientThatHangsUpAbortsItsRequest) {
     if (used == 0 && aborted > aborted_before) break;
   }
   EXPECT_EQ(used, 0);
-  EXPECT_EQ(aborted, aborted_before + 1);
+  EXPECT_EQ(aborted, aborted_before + 3);
+  EXPECT_EQ(engine_aborts(), engine_aborts_before + 3);
   EXPECT_EQ(metric(*client_, "pagellm:kv_cache_usage_perc"), 0);
 }
 
@@ -607,7 +623,10 @@ TEST(ServerProcess, PrioritySchedulingServesRequestsWithPriorities) {
 TEST_F(Server, ClientThatTimesOutOnAWholeResponseAbortsItsRequest) {
   const std::string aborted_metric =
       "pagellm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"}";
+  const std::string length_metric =
+      "pagellm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"}";
   const double aborted_before = metric(*client_, aborted_metric);
+  const double length_before = metric(*client_, length_metric);
   // Sixteen long choices that take turns in the 64-block pool: seconds of work.
   {
     httplib::Client impatient = server_->client();
@@ -625,7 +644,9 @@ TEST_F(Server, ClientThatTimesOutOnAWholeResponseAbortsItsRequest) {
     if (used == 0 && aborted > aborted_before) break;
   }
   EXPECT_EQ(used, 0);
-  EXPECT_EQ(aborted, aborted_before + 1);
+  // Each choice ends once: cut off at its length before the client left, or aborted.
+  EXPECT_GT(aborted, aborted_before);
+  EXPECT_EQ(aborted - aborted_before + metric(*client_, length_metric) - length_before, 16);
 }
 
 TEST(ServerProcess, ModelWithoutChatTemplateAndTemplateFromAFile) {

@@ -281,7 +281,7 @@ TEST(OpenAIProtocol, WholeCompletionResponseWithLegacyLogprobs) {
 }
 
 // Tokens arrive as raw bytes: a part of a character shows as "bytes:\xNN", keeps its
-// bytes, and adds no character to text_offset until its character is whole.
+// bytes, and its character counts in text_offset with the token of its first byte.
 TEST(OpenAIProtocol, LogprobTokensFromRawBytes) {
   ChoiceResult c;
   c.has_logprobs = true;
@@ -298,13 +298,42 @@ TEST(OpenAIProtocol, LogprobTokensFromRawBytes) {
   EXPECT_EQ(content[1]["bytes"], json({0xC3}));
   EXPECT_EQ(content[2]["bytes"], json({0xA9}));
 
-  c.text_offset = 10;  // a later chunk of a stream
+  c.text_offset.add("0123456789");  // a later chunk of a stream
   const json legacy = json::parse(completion_response(false, {"c", 1, "m"}, {c}, {}));
   const json& lp = legacy["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], json({" caf", "bytes:\\xc3", "bytes:\\xa9", "!"}));
   EXPECT_EQ(lp["text_offset"], json({10, 14, 15, 15}));
   EXPECT_TRUE(lp["top_logprobs"][0].contains("bytes:\\xc3"));
-  EXPECT_EQ(characters_in(" caf\xC3\xA9!"), 6);
+}
+
+// text_offset counts the characters of the text as it is sent, bytes that are not valid
+// UTF-8 decoded one U+FFFD per maximal invalid subpart; a character counts with the
+// token of its first byte, also across the chunks of a stream.
+TEST(OpenAIProtocol, TextOffsetsCountTheCharactersOfTheDecodedText) {
+  const auto offsets = [](CharacterCounter start, const std::vector<std::string>& tokens) {
+    std::vector<int64_t> out;
+    for (const std::string& t : tokens) {
+      out.push_back(start.count());
+      start.add(t);
+    }
+    out.push_back(start.count());
+    return out;
+  };
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(offsets({}, {" caf\xC3\xA9!"}), V({0, 6}));
+  // Lone continuation bytes: one U+FFFD each.
+  EXPECT_EQ(offsets({}, {"\xA9", "\xA9", "\xA9"}), V({0, 1, 2, 3}));
+  // A lead byte whose next byte cannot continue it, and a byte never valid (C0, FF).
+  EXPECT_EQ(offsets({}, {"\xE0", "\x80", "a"}), V({0, 1, 2, 3}));
+  EXPECT_EQ(offsets({}, {"\xC0\xFF" "a"}), V({0, 3}));
+  // A 4-byte character in three tokens, then one cut short by "a": the cut one is one
+  // U+FFFD for its three bytes.
+  EXPECT_EQ(offsets({}, {"\xF0\x9F", "\x98", "\x80", "\xF0\x9F\x98", "a"}), V({0, 1, 1, 1, 2, 3}));
+  // A character split across two chunks of a stream.
+  CharacterCounter earlier;
+  earlier.add("ab\xC3");
+  EXPECT_EQ(earlier.count(), 3);
+  EXPECT_EQ(offsets(earlier, {"\xA9", "!"}), V({3, 3, 4}));
 }
 
 TEST(OpenAIProtocol, StreamChunks) {
