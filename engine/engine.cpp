@@ -135,7 +135,7 @@ SubmitAllResult Engine::submit_all(std::vector<GenerationRequest> requests) {
     if (waiting + count > max_waiting) {
       return refuse(
           scheduler::AddStatus::kQueueFull,
-          "the waiting queue is full (" + std::to_string(max_waiting) + " requests); retry later");
+          "the waiting queue is full (" + std::to_string(max_waiting) + " sequences); retry later");
     }
     for (GenerationRequest& request : requests) {
       const uint64_t id = next_id_++;
