@@ -1,6 +1,10 @@
 #include "server/cli.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
+#include <memory>
 #include <string>
 
 namespace pagellm::cli {
@@ -45,6 +49,10 @@ void print_usage(std::FILE* out) {
 }  // namespace
 
 int run(Args args) {
+  // The log goes to stderr: stdout is the commands' output (serve's bound address, the
+  // JSON lines of tokenize and render-chat, bench's table).
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "pagellm", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   if (args.empty()) {
     print_usage(stderr);
     return kExitUsage;

@@ -827,6 +827,41 @@ TEST(ServerProcess, ShutdownTimeoutAbortsWhatIsLeft) {
   EXPECT_EQ(status, 503);
 }
 
+// stdout carries the bound address alone, for scripts; the log goes to stderr.
+TEST(ServeCli, TheLogGoesToStderrAndTheAddressToStdout) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("pagellm_serve_streams_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "out").string(), err = (dir / "err").string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
+    dup2(open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
+    const std::string model = test::tiny_demo_model().string();
+    execl(PAGELLM_BINARY, PAGELLM_BINARY, "serve", "--model", model.c_str(), "--port", "0",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const std::regex listening(R"(^pagellm: listening on http://127\.0\.0\.1:(\d+)\n$)");
+  std::smatch m;
+  std::string text;
+  for (auto deadline = std::chrono::steady_clock::now() + 30s;
+       std::chrono::steady_clock::now() < deadline && !std::regex_search(text, m, listening);
+       std::this_thread::sleep_for(20ms)) {
+    text = test::read_text_file(out);
+  }
+  ASSERT_TRUE(std::regex_search(text, m, listening)) << text << test::read_text_file(err);
+  httplib::Client client("127.0.0.1", std::stoi(m[1]));
+  EXPECT_EQ(client.Get("/health")->status, 200);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(std::regex_match(test::read_text_file(out), listening)) << test::read_text_file(out);
+  const std::string log = test::read_text_file(err);
+  EXPECT_NE(log.find("serving '"), std::string::npos) << log;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
   const std::string out =
       std::filesystem::temp_directory_path() / ("pagellm_serve_help_" + std::to_string(getpid()));
