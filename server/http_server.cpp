@@ -271,9 +271,10 @@ struct HttpServer::Impl {
     http.Post("/tokenize", wrap(true, "req-", [this](auto& req, auto& res, auto&) {
                 const TokenizeRequest r = parse_tokenize_request(req.body);
                 const std::string text =
-                    r.prompt ? *r.prompt
-                             : render_chat_prompt(require_template(), render_defaults,
-                                                  r.messages_json, r.add_generation_prompt);
+                    r.prompt
+                        ? *r.prompt
+                        : render_chat_prompt(require_template(), render_defaults, r.messages_json,
+                                             r.add_generation_prompt, r.template_variables_json);
                 res.set_content(tokenize_response(tokenizer->encode(text, r.add_special_tokens),
                                                   max_model_len()),
                                 kJson);

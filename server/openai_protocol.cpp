@@ -226,7 +226,8 @@ const char* const kRoles[] = {"system", "developer", "user", "assistant", "tool"
 // Content as a string: text parts are joined, as templates for text models expect.
 ordered_json normalize_content(const ordered_json& content, size_t index) {
   const std::string param = "messages[" + std::to_string(index) + "].content";
-  if (content.is_null() || content.is_string()) return content;
+  if (content.is_null()) return "";
+  if (content.is_string()) return content;
   if (!content.is_array()) fail("message content must be a string or a list of parts", param);
   std::string text;
   for (const ordered_json& part : content) {
@@ -257,15 +258,30 @@ ordered_json parse_messages(const ordered_json& messages) {
     }
     ordered_json copy = m;
     auto content = m.find("content");
-    if (content == m.end()) {
-      if (name != "assistant") fail("message needs 'content'", param);
-      copy["content"] = nullptr;
-    } else {
-      copy["content"] = normalize_content(*content, i);
-    }
+    if (content == m.end() && name != "assistant") fail("message needs 'content'", param);
+    // No content (an assistant turn of tool calls: null, or left out) is empty text, as
+    // vLLM gives it to templates: templates test it, search it, or print it.
+    copy["content"] = content == m.end() ? ordered_json("") : normalize_content(*content, i);
     out.push_back(std::move(copy));
   }
   return out;
+}
+
+// The chat template's variables beside the messages, as JSON (empty when none): `tools`
+// and the keys of `chat_template_kwargs`.
+std::string template_variables(const ordered_json& body) {
+  ordered_json variables = ordered_json::object();
+  if (const ordered_json* tools = field(body, "tools")) {
+    if (!tools->is_array()) fail("'tools' must be a list", "tools");
+    variables["tools"] = *tools;
+  }
+  if (const ordered_json* kwargs = field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object())
+      fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    for (auto it = kwargs->begin(); it != kwargs->end(); ++it)
+      variables[it.key()] = it.value();
+  }
+  return variables.empty() ? std::string() : dump(variables);
 }
 
 std::vector<int32_t> token_list(const ordered_json& value, const std::string& param) {
@@ -448,18 +464,7 @@ CompletionRequest parse_chat_request(const std::string& body_text,
   r.messages_json = dump(parse_messages(*messages));
   parse_common(body, r);
   if (auto v = bool_field(body, "add_generation_prompt")) r.add_generation_prompt = *v;
-  ordered_json variables = ordered_json::object();
-  if (const ordered_json* tools = field(body, "tools")) {
-    if (!tools->is_array()) fail("'tools' must be a list", "tools");
-    variables["tools"] = *tools;
-  }
-  if (const ordered_json* kwargs = field(body, "chat_template_kwargs")) {
-    if (!kwargs->is_object())
-      fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
-    for (auto it = kwargs->begin(); it != kwargs->end(); ++it)
-      variables[it.key()] = it.value();
-  }
-  if (!variables.empty()) r.template_variables_json = dump(variables);
+  r.template_variables_json = template_variables(body);
   if (auto v = bool_field(body, "logprobs")) r.params.logprobs = *v;
   if (auto v = int_field(body, "top_logprobs", 0, kMaxTopLogprobs)) {
     if (!r.params.logprobs && *v > 0) {
@@ -568,6 +573,7 @@ TokenizeRequest parse_tokenize_request(const std::string& body_text) {
     r.prompt = *prompt;
   } else if (auto messages = body.find("messages"); messages != body.end()) {
     r.messages_json = dump(parse_messages(*messages));
+    r.template_variables_json = template_variables(body);
     r.add_special_tokens = false;  // the template writes its own
   } else {
     fail("give 'prompt' (a string) or 'messages'", "prompt");

@@ -144,7 +144,8 @@ std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
 // /tokenize and /detokenize bodies.
 struct TokenizeRequest {
   std::optional<std::string> prompt;
-  std::string messages_json;  // when prompt is unset
+  std::string messages_json;            // when prompt is unset
+  std::string template_variables_json;  // with messages: tools, chat_template_kwargs
   bool add_special_tokens = true;
   bool add_generation_prompt = true;
 };

@@ -681,6 +681,46 @@ TEST(ServerProcess, ModelWithoutChatTemplateAndTemplateFromAFile) {
   std::filesystem::remove_all(dir);
 }
 
+// /tokenize renders messages as chat does, tools and chat_template_kwargs included, so
+// its count is the chat request's prompt_tokens; an assistant turn of tool calls without
+// content renders as empty text.
+TEST(ServerProcess, TokenizeRendersMessagesAsChatDoes) {
+  const auto template_file = std::filesystem::temp_directory_path() /
+                             ("pagellm_server_test_tools_" + std::to_string(getpid()) + ".jinja");
+  std::ofstream(template_file)
+      << "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if 'x' in m.content %}!"
+         "{% endif %}|{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+         "{% if flag %}flag{% endif %}";
+  ServerProcess server({"--chat-template", template_file.string()});
+  std::filesystem::remove(template_file);
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client(false);
+  const json messages = json::parse(R"([
+      {"role": "user", "content": "what is the weather"},
+      {"role": "assistant", "content": null,
+       "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "weather", "arguments": "{}"}}]},
+      {"role": "assistant"},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])");
+  const json tools =
+      json::parse(R"([{"type": "function", "function": {"name": "weather", "parameters": {}}}])");
+  const json kwargs = {{"flag", true}};
+  const json tokenized =
+      post_json(client, "/tokenize",
+                {{"messages", messages}, {"tools", tools}, {"chat_template_kwargs", kwargs}});
+  const json chat = post_json(client, "/v1/chat/completions",
+                              {{"messages", messages},
+                               {"tools", tools},
+                               {"chat_template_kwargs", kwargs},
+                               {"max_tokens", 1}});
+  EXPECT_EQ(tokenized["count"], chat["usage"]["prompt_tokens"]) << tokenized.dump();
+  const json text = post_json(client, "/detokenize", {{"tokens", tokenized["tokens"]}});
+  const std::string prompt = text["prompt"];
+  EXPECT_NE(prompt.find("assistant:|assistant:|tool:sunny|"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("\"weather\""), std::string::npos) << prompt;
+  EXPECT_EQ(prompt.substr(prompt.size() - 4), "flag") << prompt;
+}
+
 // With a generation_config.json that sets temperature 0, requests without a temperature
 // are greedy (the same text every time); --generation-config none leaves that out.
 TEST(ServerProcess, GenerationConfigSetsSamplingDefaults) {

@@ -90,6 +90,19 @@ TEST(OpenAIProtocol, MessagesKeepTheirKeyOrderAndTextPartsAreJoined) {
             R"([{"role":"system","content":"s"},{"role":"user","content":"a\nb"}])");
 }
 
+// An assistant turn of tool calls has no content (null, or left out): templates get empty
+// text, as vLLM gives them, not None (which Qwen3's searches and Llama 3's prints).
+TEST(OpenAIProtocol, MissingOrNullContentIsEmptyText) {
+  const CompletionRequest r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": null, "tool_calls": []},
+                       {"role": "assistant", "tool_calls": []}]})");
+  EXPECT_EQ(r.messages_json,
+            R"([{"role":"user","content":"hi"},{"role":"assistant","content":"","tool_calls":[]},)"
+            R"({"role":"assistant","tool_calls":[],"content":""}])");
+  EXPECT_EQ(chat_error(R"({"messages": [{"role": "user"}]})").param, "messages[0]");
+}
+
 TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
   const CompletionRequest r = parse_chat_request(
       chat_with(R"("tools": [{"type": "function"}], "chat_template_kwargs": {"x": 1})"));
@@ -325,7 +338,9 @@ TEST(OpenAIProtocol, TextOffsetsCountTheCharactersOfTheDecodedText) {
   EXPECT_EQ(offsets({}, {"\xA9", "\xA9", "\xA9"}), V({0, 1, 2, 3}));
   // A lead byte whose next byte cannot continue it, and a byte never valid (C0, FF).
   EXPECT_EQ(offsets({}, {"\xE0", "\x80", "a"}), V({0, 1, 2, 3}));
-  EXPECT_EQ(offsets({}, {"\xC0\xFF" "a"}), V({0, 3}));
+  EXPECT_EQ(offsets({}, {"\xC0\xFF"
+                         "a"}),
+            V({0, 3}));
   // A 4-byte character in three tokens, then one cut short by "a": the cut one is one
   // U+FFFD for its three bytes.
   EXPECT_EQ(offsets({}, {"\xF0\x9F", "\x98", "\x80", "\xF0\x9F\x98", "a"}), V({0, 1, 1, 1, 2, 3}));
@@ -368,6 +383,13 @@ TEST(OpenAIProtocol, TokenizeAndDetokenizeBodies) {
       parse_tokenize_request(std::string(R"({"messages": [)") + kUser + "]}");
   EXPECT_FALSE(chat.prompt);
   EXPECT_FALSE(chat.add_special_tokens);
+  EXPECT_EQ(chat.template_variables_json, "");
+  // The chat request's template variables, so that the count is the chat prompt's.
+  const TokenizeRequest tools = parse_tokenize_request(
+      std::string(R"({"messages": [)") + kUser +
+      R"(], "tools": [{"type": "function"}], "chat_template_kwargs": {"enable_thinking": false}})");
+  EXPECT_EQ(tools.template_variables_json,
+            R"({"tools":[{"type":"function"}],"enable_thinking":false})");
   EXPECT_THROW(parse_tokenize_request("{}"), ApiException);
   EXPECT_EQ(parse_detokenize_request(R"({"tokens": [1, 2]})"), (std::vector<int32_t>{1, 2}));
   EXPECT_THROW(parse_detokenize_request(R"({"tokens": "x"})"), ApiException);
