@@ -1,6 +1,7 @@
 #include "engine/jinja_eval.h"
 
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 
 #include "engine/jinja_builtins.h"
@@ -36,7 +37,46 @@ ScopePtr child_of(const ScopePtr& parent) {
        line);
 }
 
-Value repeat(const Value& seq, int64_t times) {
+// Python's integers do not overflow; these do, so a result past int64 is an error
+// rather than a wrapped (undefined in C++) value.
+[[noreturn]] void fail_overflow(int line) {
+  fail("integer overflow: the result does not fit in 64 bits", line);
+}
+int64_t checked_add(int64_t a, int64_t b, int line) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) fail_overflow(line);
+  return r;
+}
+int64_t checked_sub(int64_t a, int64_t b, int line) {
+  int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) fail_overflow(line);
+  return r;
+}
+int64_t checked_mul(int64_t a, int64_t b, int line) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) fail_overflow(line);
+  return r;
+}
+// a ** b for b >= 0, by squaring.
+int64_t checked_pow(int64_t a, int64_t b, int line) {
+  int64_t r = 1;
+  while (b > 0) {
+    if (b & 1) r = checked_mul(r, a, line);
+    b >>= 1;
+    if (b > 0) a = checked_mul(a, a, line);
+  }
+  return r;
+}
+
+// A repetition's result is capped: a template has no business building more, and a
+// huge count would otherwise take the server's memory.
+constexpr int64_t kMaxRepeatElements = int64_t{1} << 26;
+
+Value repeat(const Value& seq, int64_t times, int line) {
+  const int64_t unit = seq.is_string() ? static_cast<int64_t>(seq.as_string().size())
+                                       : static_cast<int64_t>(seq.as_list().size());
+  if (times > 0 && unit > 0 && times > kMaxRepeatElements / unit)
+    fail("repetition too large: " + std::to_string(times) + " times", line);
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < times; ++i)
@@ -56,7 +96,8 @@ Value arithmetic(BinaryOp op, const Value& a, const Value& b, int line) {
   switch (op) {
     case BinaryOp::Add:
       if (numbers)
-        return floats ? Value(a.as_double() + b.as_double()) : Value(a.as_int() + b.as_int());
+        return floats ? Value(a.as_double() + b.as_double())
+                      : Value(checked_add(a.as_int(), b.as_int(), line));
       if (a.is_string() && b.is_string()) return a.as_string() + b.as_string();
       if (a.is_sequence() && a.kind() == b.kind()) {
         ValueList out = a.as_list();
@@ -70,15 +111,17 @@ Value arithmetic(BinaryOp op, const Value& a, const Value& b, int line) {
       fail_operands("+", a, b, line);
     case BinaryOp::Sub:
       if (numbers)
-        return floats ? Value(a.as_double() - b.as_double()) : Value(a.as_int() - b.as_int());
+        return floats ? Value(a.as_double() - b.as_double())
+                      : Value(checked_sub(a.as_int(), b.as_int(), line));
       fail_operands("-", a, b, line);
     case BinaryOp::Mul:
       if (numbers)
-        return floats ? Value(a.as_double() * b.as_double()) : Value(a.as_int() * b.as_int());
+        return floats ? Value(a.as_double() * b.as_double())
+                      : Value(checked_mul(a.as_int(), b.as_int(), line));
       if ((a.is_string() || a.is_sequence()) && (b.is_int() || b.is_bool()))
-        return repeat(a, b.as_int());
+        return repeat(a, b.as_int(), line);
       if ((b.is_string() || b.is_sequence()) && (a.is_int() || a.is_bool()))
-        return repeat(b, a.as_int());
+        return repeat(b, a.as_int(), line);
       fail_operands("*", a, b, line);
     case BinaryOp::Div:
       if (numbers) {
@@ -97,6 +140,10 @@ Value arithmetic(BinaryOp op, const Value& a, const Value& b, int line) {
           return op == BinaryOp::FloorDiv ? Value(q) : Value(x - q * y);
         }
         const int64_t x = a.as_int(), y = b.as_int();
+        if (x == std::numeric_limits<int64_t>::min() && y == -1) {
+          if (op == BinaryOp::Mod) return Value(int64_t{0});
+          fail_overflow(line);
+        }
         int64_t q = x / y;
         if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // Python floors toward -inf
         return op == BinaryOp::FloorDiv ? Value(q) : Value(x - q * y);
@@ -106,12 +153,7 @@ Value arithmetic(BinaryOp op, const Value& a, const Value& b, int line) {
       fail_operands(op == BinaryOp::Mod ? "%" : "//", a, b, line);
     case BinaryOp::Pow:
       if (numbers) {
-        if (!floats && b.as_int() >= 0) {
-          int64_t r = 1;
-          for (int64_t i = 0; i < b.as_int(); ++i)
-            r *= a.as_int();
-          return r;
-        }
+        if (!floats && b.as_int() >= 0) return checked_pow(a.as_int(), b.as_int(), line);
         return std::pow(a.as_double(), b.as_double());
       }
       fail_operands("**", a, b, line);
@@ -447,7 +489,7 @@ class Renderer {
                    ": '" + v.type_name() + "'",
                e.line);
         if (e.op == UnaryOp::Pos) return v.is_bool() ? Value(v.as_int()) : v;
-        return v.is_float() ? Value(-v.as_double()) : Value(-v.as_int());
+        return v.is_float() ? Value(-v.as_double()) : Value(checked_sub(0, v.as_int(), e.line));
       }
       case Expr::Kind::Binary: {
         const auto& e = static_cast<const BinaryExpr&>(expr);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "engine/jinja_ast.h"
@@ -179,8 +181,11 @@ Value filter_int(const Value& v, CallArgs& a) {
       const std::string s = py_strip(v.as_string(), Value::undefined(), true, true);
       const int64_t n = std::stoll(s, &used);
       if (used == s.size()) return n;
-      const double d = std::stod(s, &used);
-      if (used == s.size()) return static_cast<int64_t>(d);
+      // Python's float() reads no hexadecimal ("0x1A"|int is the default), which stod does.
+      if (s.find_first_of("xX") == std::string::npos) {
+        const double d = std::stod(s, &used);
+        if (used == s.size()) return static_cast<int64_t>(d);
+      }
     } catch (const std::exception&) {
     }
   }
@@ -215,8 +220,24 @@ Value filter_round(const Value& v, CallArgs& a) {
   const std::string method = a.has(1, "method") ? to_str(a.get(1, "method")) : "common";
   if (!v.is_number()) fail("round filter expects a number", a.line);
   const double scale = std::pow(10.0, static_cast<double>(precision));
+  if (method == "common") {
+    // Python's round(): an int stays an int (rounded to 10^-precision, half to even,
+    // when the precision is negative); a float is rounded from its exact binary value
+    // (2.675 is below 2.675, so 2.67), as printf's %.*f does, ties to even.
+    if (!v.is_float()) {
+      if (precision >= 0 || precision < -18) return precision >= 0 ? v.as_int() : int64_t{0};
+      const double q = std::nearbyint(static_cast<double>(v.as_int()) * scale);
+      return static_cast<int64_t>(q / scale);
+    }
+    const double x = v.as_double();
+    if (precision >= 0 && precision <= 300 && std::isfinite(x)) {
+      char text[400];
+      std::snprintf(text, sizeof text, "%.*f", static_cast<int>(precision), x);
+      return std::strtod(text, nullptr);
+    }
+    return std::nearbyint(x * scale) / scale;
+  }
   const double x = v.as_double() * scale;
-  if (method == "common") return std::nearbyint(x) / scale;  // Python's round(): half to even
   if (method == "ceil") return std::ceil(x) / scale;
   if (method == "floor") return std::floor(x) / scale;
   fail("round: method must be common, ceil or floor", a.line);

@@ -395,6 +395,34 @@ TEST(JinjaFilters, FilterNumbers) {
             "6 3.5 1 3 42 0 3 1.5 2.0 2.57 2.0 3 42 x1.0");
 }
 
+// Python's rounding (an int stays an int; a float rounds from its exact value) and
+// float() (no hexadecimal).
+TEST(JinjaFilters, RoundAndIntAsPython) {
+  EXPECT_EQ(
+      render("{{ 1 | round }} {{ 15 | round(-1) }} {{ 25 | round(-1) }} {{ 2.675 | round(2) "
+             "}} {{ 0.125 | round(2) }} {{ 1.5 | round }} {{ -2.5 | round }} {{ 2.5 | "
+             "round(method='ceil') }} {{ '0x1A' | int }} {{ ' 12 ' | int }} {{ '1e3' | int }}",
+             "{}"),
+      "1 20 20 2.67 0.12 2.0 -2.0 3.0 0 12 1000");
+}
+
+// Integers past 64 bits are an error, not a wrapped value; ** squares (no loop of b
+// steps), and a repetition's size is capped.
+TEST(JinjaExpressions, IntegerOverflowIsAnError) {
+  EXPECT_EQ(
+      render("{{ 2 ** 62 }} {{ -9223372036854775807 - 1 }} {{ (-9223372036854775807 - 1) % -1 "
+             "}} {{ 3 ** 0 }}",
+             "{}"),
+      "4611686018427387904 -9223372036854775808 0 1");
+  for (const char* source :
+       {"{{ 9223372036854775807 + 1 }}", "{{ 2 ** 64 }}", "{{ 2 ** 10000000000 }}",
+        "{{ -9223372036854775807 - 2 }}", "{{ 4294967296 * 4294967296 }}",
+        "{{ (-9223372036854775807 - 1) // -1 }}", "{{ -(-9223372036854775807 - 1) }}"}) {
+    EXPECT_NE(error_of(source).find("integer overflow"), std::string::npos) << source;
+  }
+  EXPECT_NE(error_of("{{ 'ab' * 100000000 }}").find("repetition too large"), std::string::npos);
+}
+
 TEST(JinjaFilters, FilterIndent) {
   EXPECT_EQ(render("{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' "
                    "| indent(width=1, blank=true) }}",
