@@ -126,21 +126,30 @@ std::map<std::string, std::string> read_config(const std::string& path) {
   nlohmann::json config;
   try {
     config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     throw UsageError("config file " + path + " is not valid JSON: " + e.what());
   }
   if (!config.is_object()) throw UsageError("config file " + path + " must hold a JSON object");
   std::map<std::string, std::string> values;
+  std::map<std::string, std::string> keys;  // flag name -> the key that set it
   for (auto it = config.begin(); it != config.end(); ++it) {
     std::string name = "--" + it.key();
     std::replace(name.begin(), name.end(), '_', '-');
     if (std::find(kOptions.begin(), kOptions.end(), name) == kOptions.end() || name == "--config") {
       throw UsageError("config file " + path + ": unknown key '" + it.key() + "'");
     }
+    if (auto [at, added] = keys.emplace(name, it.key()); !added) {
+      throw UsageError("config file " + path + ": '" + at->second + "' and '" + it.key() +
+                       "' set the same option");
+    }
     if (it->is_null()) continue;
     if (it->is_string()) {
       values[name] = it->get<std::string>();
-    } else if (it->is_number() || it->is_boolean()) {
+    } else if (it->is_number_float() && std::nearbyint(it->get<double>()) == it->get<double>() &&
+               std::fabs(it->get<double>()) < 9e18) {
+      // A whole number written as a float (4e6): the integer.
+      values[name] = std::to_string(static_cast<int64_t>(it->get<double>()));
+    } else if (it->is_number()) {
       values[name] = it->dump();
     } else {
       throw UsageError("config file " + path + ": '" + it.key() + "' must be a string or number");

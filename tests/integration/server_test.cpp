@@ -596,6 +596,24 @@ TEST(ServerProcess, ConfigFileSetsOptionsAndFlagsOverrideIt) {
                                "log-level": "warn"})";
   ServerProcess server({"--config", config.string(), "--max-model-len", "256"});
   std::filesystem::remove(config);
+  // A whole number written as a float is that integer.
+  std::ofstream(config) << R"({"max-model-len": 5.12e2, "max_num_seqs": 8.0})";
+  ServerProcess floats({"--config", config.string()});
+  std::filesystem::remove(config);
+  ASSERT_GT(floats.port(), 0) << floats.log();
+  httplib::Client floats_client = floats.client(false);
+  EXPECT_EQ(json::parse(floats_client.Get("/v1/models")->body)["data"][0]["max_model_len"], 512);
+  // A boolean, a key set twice (in its two spellings), and a fraction for an integer are
+  // refused.
+  for (const char* bad :
+       {R"({"served-model-name": true})", R"({"max_num_seqs": 4, "max-num-seqs": 5})",
+        R"({"max-num-seqs": 4.5})"}) {
+    std::ofstream(config) << bad;
+    ServerProcess refused({"--config", config.string()});
+    std::filesystem::remove(config);
+    EXPECT_EQ(refused.port(), 0) << bad;
+    EXPECT_EQ(refused.start_exit_code(), 2) << bad << refused.log();
+  }
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client client = server.client(false);
   auto res = client.Get("/v1/models");

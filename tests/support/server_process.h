@@ -111,6 +111,11 @@ class ServerProcess {
     return c;
   }
 
+  // The exit code of a server that exited while starting (port() is then 0), or -1.
+  int start_exit_code() const {
+    return port_ == 0 && pid_ < 0 && WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
+  }
+
   // Sends `sig` and waits up to `limit` for the exit; the exit code, or -1.
   int stop(int sig, std::chrono::seconds limit) {
     if (pid_ <= 0) return -1;
