@@ -250,6 +250,9 @@ void Engine::cancel(uint64_t id, const std::string& error) {
 
 void Engine::step() {
   const scheduler::ScheduledBatch batch = scheduler_.schedule(now());
+  // What was admitted is now running or waiting: submissions count it from here on, not
+  // from the stats snapshot after the forward pass.
+  publish_waiting(scheduler_.num_waiting());
   if (batch.empty()) return;
   chunks_.clear();
   for (const scheduler::ScheduledSeq& s : batch.seqs) {
@@ -387,8 +390,12 @@ void Engine::publish_stats(BlockMapRefresh block_map) {
   stats_.finished_length = finished_length_;
   stats_.finished_abort = finished_abort_;
   stats_.failed = failed_;
-  std::lock_guard inbox(inbox_mutex_);
-  snapshot_waiting_ = stats_.num_waiting;
+  publish_waiting(stats_.num_waiting);
+}
+
+void Engine::publish_waiting(int32_t waiting) {
+  std::lock_guard lock(inbox_mutex_);
+  snapshot_waiting_ = waiting;
   admitted_since_snapshot_ = 0;
 }
 

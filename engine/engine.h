@@ -132,6 +132,9 @@ class Engine {
   // large ones every 200 ms), now, or nothing (counts only).
   enum class BlockMapRefresh { kIfDue, kNow, kSkip };
   void publish_stats(BlockMapRefresh block_map = BlockMapRefresh::kIfDue);
+  // The waiting count submit checks against max_waiting, once the scheduler holds every
+  // request taken from the inbox.
+  void publish_waiting(int32_t waiting);
 
   std::unique_ptr<Backend> backend_;
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -147,8 +150,8 @@ class Engine {
   std::vector<uint64_t> aborts_;
   bool stopping_ = false;
   uint64_t next_id_ = 1;
-  // Waiting requests as of the last stats snapshot, and those taken from the inbox since
-  // (admitted, but not yet in a snapshot): with new_requests_, what submit counts
+  // Waiting requests as of the last publish_waiting, and those taken from the inbox since
+  // (admitted, but not yet counted there): with new_requests_, what submit counts
   // against max_waiting. Both change under inbox_mutex_.
   int32_t snapshot_waiting_ = 0;
   int32_t admitted_since_snapshot_ = 0;
