@@ -225,7 +225,8 @@ Value filter_round(const Value& v, CallArgs& a) {
     // when the precision is negative); a float is rounded from its exact binary value
     // (2.675 is below 2.675, so 2.67), as printf's %.*f does, ties to even.
     if (!v.is_float()) {
-      if (precision >= 0 || precision < -18) return precision >= 0 ? v.as_int() : int64_t{0};
+      if (precision >= 0) return v.as_int();
+      if (precision < -18) return int64_t{0};  // 10^19 is past every int64
       const double q = std::nearbyint(static_cast<double>(v.as_int()) * scale);
       return static_cast<int64_t>(q / scale);
     }

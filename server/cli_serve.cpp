@@ -145,12 +145,11 @@ std::map<std::string, std::string> read_config(const std::string& path) {
     if (it->is_null()) continue;
     if (it->is_string()) {
       values[name] = it->get<std::string>();
-    } else if (it->is_number_float() && std::nearbyint(it->get<double>()) == it->get<double>() &&
-               std::fabs(it->get<double>()) < 9e18) {
-      // A whole number written as a float (4e6): the integer.
-      values[name] = std::to_string(static_cast<int64_t>(it->get<double>()));
     } else if (it->is_number()) {
-      values[name] = it->dump();
+      // A whole number written as a float (4e6) is the integer.
+      const double x = it->get<double>();
+      const bool whole = it->is_number_float() && std::nearbyint(x) == x && std::fabs(x) < 9e18;
+      values[name] = whole ? std::to_string(static_cast<int64_t>(x)) : it->dump();
     } else {
       throw UsageError("config file " + path + ": '" + it.key() + "' must be a string or number");
     }

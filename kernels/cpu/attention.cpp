@@ -270,11 +270,14 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
                             (offsets[i + kValueAheadAvx2] + d0) * dtype_size(T));
     }
   };
+  const auto load_chunk = [&](int64_t i, int c) {
+    return Full ? load8<T>(v, offsets[i] + d0 + 8 * c)
+                : load8(v, T, offsets[i] + d0 + 8 * c, D - d0 - 8 * c);
+  };
   const auto load_row = [&](int64_t i, __m256(&vv)[NC]) {
     prefetch_ahead(i);
     for (int c = 0; c < NC; ++c)
-      vv[c] = Full ? load8<T>(v, offsets[i] + d0 + 8 * c)
-                   : load8(v, T, offsets[i] + d0 + 8 * c, D - d0 - 8 * c);
+      vv[c] = load_chunk(i, c);
   };
   const auto blended = [&](int64_t from, int64_t to) {
     for (int64_t i = from; i < to; ++i) {
@@ -300,8 +303,7 @@ void value_tile_avx2(const float* p, int64_t stride, const int64_t* begin, const
       for (int h = 0; h < NH; ++h)
         pb[h] = _mm256_set1_ps(p[h * stride + i]);
       for (int c = 0; c < NC; ++c) {
-        const __m256 vc = Full ? load8<T>(v, offsets[i] + d0 + 8 * c)
-                               : load8(v, T, offsets[i] + d0 + 8 * c, D - d0 - 8 * c);
+        const __m256 vc = load_chunk(i, c);
         for (int h = 0; h < NH; ++h)
           acc[h][c] = _mm256_fmadd_ps(pb[h], vc, acc[h][c]);
       }

@@ -776,13 +776,18 @@ TEST(ServerProcess, GenerationConfigSetsSamplingDefaults) {
   std::filesystem::remove_all(dir);
 }
 
-// Waits until the server runs a request.
-void wait_until_running(httplib::Client& probe) {
+// Waits until the server's gauge `name` reaches 1 or more.
+void wait_for_one(httplib::Client& probe, const std::string& name) {
   for (auto deadline = std::chrono::steady_clock::now() + 10s;
        std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(5ms)) {
-    if (metric(probe, "pagellm:num_requests_running") >= 1) return;
+    if (metric(probe, name) >= 1) return;
   }
-  ADD_FAILURE() << "no request started running";
+  ADD_FAILURE() << name << " stayed at 0";
+}
+
+// Waits until the server runs a request.
+void wait_until_running(httplib::Client& probe) {
+  wait_for_one(probe, "pagellm:num_requests_running");
 }
 
 TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
@@ -800,11 +805,7 @@ TEST(ServerProcess, FullQueueAnswers429WithRetryAfter) {
     httplib::Client c = server.client(false);
     c.Post("/v1/completions", R"({"prompt": "y", "max_tokens": 2})", "application/json");
   });
-  for (auto deadline = std::chrono::steady_clock::now() + 10s;
-       std::chrono::steady_clock::now() < deadline &&
-       metric(probe, "pagellm:num_requests_waiting") < 1;
-       std::this_thread::sleep_for(5ms)) {
-  }
+  wait_for_one(probe, "pagellm:num_requests_waiting");
   ASSERT_EQ(metric(probe, "pagellm:num_requests_waiting"), 1);
   auto res =
       probe.Post("/v1/completions", R"({"prompt": "z", "max_tokens": 2})", "application/json");
