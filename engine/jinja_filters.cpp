@@ -232,6 +232,8 @@ Value filter_round(const Value& v, CallArgs& a) {
     }
     const double x = v.as_double();
     if (precision >= 0 && precision <= 300 && std::isfinite(x)) {
+      // Cut short, the text loses only fraction digits of a value of over 90 integer
+      // digits, which is a whole number already.
       char text[400];
       std::snprintf(text, sizeof text, "%.*f", static_cast<int>(precision), x);
       return std::strtod(text, nullptr);
