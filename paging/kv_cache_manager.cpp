@@ -49,20 +49,32 @@ PrefixMatch KVCacheManager::match_prefix(std::span<const TokenId> prompt,
   return match;
 }
 
-bool KVCacheManager::can_add_sequence(const PrefixMatch& match, int32_t num_new_tokens) const {
+int32_t KVCacheManager::blocks_behind_window(const PrefixMatch& match, int32_t num_new_tokens,
+                                             int32_t first_needed_position) {
+  if (first_needed_position <= 0) return 0;
+  // Never the last block of the table, which receives the new tokens (as
+  // release_blocks_before keeps it).
+  const int32_t table_blocks = blocks_for_tokens(int64_t(match.num_cached_tokens) + num_new_tokens);
+  return std::min({first_needed_position / kBlockSize, static_cast<int32_t>(match.blocks.size()),
+                   table_blocks - 1});
+}
+
+bool KVCacheManager::can_add_sequence(const PrefixMatch& match, int32_t num_new_tokens,
+                                      int32_t first_needed_position) const {
   if (num_new_tokens < 0) return false;
   const int64_t total = static_cast<int64_t>(match.num_cached_tokens) + num_new_tokens;
-  if (total > static_cast<int64_t>(pool_.num_blocks()) * kBlockSize) return false;
+  const int32_t skipped = blocks_behind_window(match, num_new_tokens, first_needed_position);
+  if (blocks_for_tokens(total) - skipped > pool_.num_blocks()) return false;
   const int32_t needed = blocks_for_tokens(total) - static_cast<int32_t>(match.blocks.size());
   // Matched blocks that are cached-free leave the reclaimable set when taken.
   int32_t revived = 0;
-  for (BlockId b : match.blocks)
-    revived += pool_.ref_count(b) == 0 ? 1 : 0;
+  for (size_t i = skipped; i < match.blocks.size(); ++i)
+    revived += pool_.ref_count(match.blocks[i]) == 0 ? 1 : 0;
   return needed <= pool_.num_available() - revived;
 }
 
 bool KVCacheManager::add_sequence(SeqId id, const PrefixMatch& match, int32_t num_new_tokens,
-                                  bool resumed) {
+                                  bool resumed, int32_t first_needed_position) {
   if (sequences_.count(id)) throw PagingError("sequence " + std::to_string(id) + " already exists");
   if (num_new_tokens < 0) throw PagingError("cannot add a negative number of tokens");
   if (match.blocks.size() != match.hashes.size() ||
@@ -76,20 +88,25 @@ bool KVCacheManager::add_sequence(SeqId id, const PrefixMatch& match, int32_t nu
                         std::to_string(b) + " no longer holds the matched tokens");
     }
   }
-  check_fits_pool(static_cast<int64_t>(match.num_cached_tokens) + num_new_tokens);
-  if (!can_add_sequence(match, num_new_tokens)) return false;
+  const int32_t skipped = blocks_behind_window(match, num_new_tokens, first_needed_position);
+  const int64_t held =
+      blocks_for_tokens(static_cast<int64_t>(match.num_cached_tokens) + num_new_tokens) - skipped;
+  if (held > pool_.num_blocks()) check_fits_pool(held * kBlockSize);
+  if (!can_add_sequence(match, num_new_tokens, first_needed_position)) return false;
 
   Sequence seq;
   seq.extra_key = match.extra_key;
-  for (BlockId b : match.blocks) {
-    pool_.acquire(b);
-    seq.table.append_block(b);
+  for (size_t i = 0; i < match.blocks.size(); ++i) {
+    const bool taken = static_cast<int32_t>(i) >= skipped;
+    if (taken) pool_.acquire(match.blocks[i]);
+    seq.table.append_block(taken ? match.blocks[i] : kNoBlock);
   }
+  seq.num_released_blocks = skipped;
   const int32_t total = match.num_cached_tokens + num_new_tokens;
   scratch_blocks_.clear();
   if (!allocate_blocks(blocks_for_tokens(total) - seq.table.num_blocks(), scratch_blocks_)) {
     // Unreachable after can_add_sequence; undo rather than trust that.
-    for (auto it = match.blocks.rbegin(); it != match.blocks.rend(); ++it)
+    for (auto it = match.blocks.rbegin(); it != match.blocks.rend() - skipped; ++it)
       pool_.release(*it);
     return false;
   }

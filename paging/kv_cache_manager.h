@@ -70,8 +70,9 @@ class KVCacheManager {
   // covered: its logits are needed, so at least one token is always computed.
   PrefixMatch match_prefix(std::span<const TokenId> prompt, uint64_t extra_key = 0) const;
 
-  // Whether add_sequence(match, num_new_tokens) would succeed now.
-  bool can_add_sequence(const PrefixMatch& match, int32_t num_new_tokens) const;
+  // Whether add_sequence(match, num_new_tokens, first_needed_position) would succeed now.
+  bool can_add_sequence(const PrefixMatch& match, int32_t num_new_tokens,
+                        int32_t first_needed_position = 0) const;
 
   // Starts sequence `id` holding the matched blocks plus slots for `num_new_tokens`
   // tokens after them. All or nothing: returns false and changes nothing when the pool
@@ -79,8 +80,12 @@ class KVCacheManager {
   // was evicted since), or the request needs more blocks than the pool has. The match
   // counts in the prefix-cache statistics unless `resumed` (a preempted sequence coming
   // back: its prompt was counted when it was first admitted).
+  // Sliding-window attention: matched blocks that hold only positions before
+  // `first_needed_position` are not taken (their page-table entries are kNoBlock, as if
+  // release_blocks_before had released them), and only the blocks taken count against
+  // the pool, so a cached prefix longer than the pool can still be resumed from.
   bool add_sequence(SeqId id, const PrefixMatch& match, int32_t num_new_tokens,
-                    bool resumed = false);
+                    bool resumed = false, int32_t first_needed_position = 0);
 
   // Blocks allocate_slots(id, n) would take from the pool (copy-on-write included).
   int32_t num_blocks_needed(SeqId id, int32_t num_new_tokens) const;
@@ -137,6 +142,9 @@ class KVCacheManager {
   const Sequence& get(SeqId id) const;
   // Whether appending to `seq` must first copy a shared, partly filled last block.
   bool needs_copy_on_write(const Sequence& seq, int32_t num_new_tokens) const;
+  // Leading matched blocks that add_sequence leaves out for `first_needed_position`.
+  static int32_t blocks_behind_window(const PrefixMatch& match, int32_t num_new_tokens,
+                                      int32_t first_needed_position);
   bool allocate_blocks(int32_t count, std::vector<BlockId>& out);
   void check_fits_pool(int64_t num_tokens) const;
 

@@ -173,7 +173,13 @@ ScheduledBatch Scheduler::schedule(double now) {
     const int32_t remaining = seq->num_tokens() - match.num_cached_tokens;
     const int32_t n = std::min(remaining, budget);
     const bool resumed = seq->num_preemptions > 0;
-    if (!kv_.add_sequence(seq->id, match, n, resumed)) break;  // the head waits for blocks
+    // With a sliding window, the first query (at the first uncached position) reads
+    // nothing before its window: matched blocks behind it are not taken.
+    const int32_t first_needed =
+        config_.sliding_window > 0 ? match.num_cached_tokens - config_.sliding_window + 1 : 0;
+    if (!kv_.add_sequence(seq->id, match, n, resumed, first_needed)) {
+      break;  // the head waits for blocks
+    }
     waiting_.pop_front();
     seq->num_computed = match.num_cached_tokens;
     seq->status = SequenceStatus::kRunning;

@@ -247,5 +247,56 @@ TEST(KVCacheManager, SlidingWindowKeepsTheLastBlock) {
   EXPECT_NE(kv.block_table(1).blocks()[1], kNoBlock);
 }
 
+TEST(KVCacheManager, SlidingWindowTakesOnlyTheMatchedBlocksItsWindowReads) {
+  KVCacheManager kv(12);  // 192 tokens
+  // 11 full blocks (176 tokens) computed, cached, and left cached-free.
+  const auto prompt = tokens(200);
+  const std::vector<TokenId> head(prompt.begin(), prompt.begin() + 180);
+  add_computed(kv, 1, head);
+  kv.free_sequence(1);
+  const PrefixMatch match = kv.match_prefix(prompt);
+  ASSERT_EQ(match.num_cached_tokens, 176);
+  // All 24 remaining tokens at once: 200 tokens, more than the pool holds...
+  EXPECT_FALSE(kv.can_add_sequence(match, 24));
+  EXPECT_THROW(kv.add_sequence(2, match, 24), PagingError);
+  // ...but with a window of 24 the query at 176 reads from 153 on: blocks 0..8 are behind.
+  const int32_t first_needed = 176 - 24 + 1;
+  EXPECT_TRUE(kv.can_add_sequence(match, 24, first_needed));
+  ASSERT_TRUE(kv.add_sequence(2, match, 24, false, first_needed));
+  const auto table = kv.block_table(2).blocks();
+  ASSERT_EQ(table.size(), 13u);
+  for (int i = 0; i < 9; ++i)
+    EXPECT_EQ(table[i], kNoBlock) << i;
+  EXPECT_EQ(table[9], match.blocks[9]);
+  EXPECT_EQ(table[10], match.blocks[10]);
+  EXPECT_EQ(kv.usage().used_blocks, 4);  // blocks 9 and 10 shared, 11 and 12 new
+  EXPECT_EQ(kv.usage().prefix_hit_tokens, 176);
+  // The blocks left out stay cached-free, reclaimable (the new blocks took one of them);
+  // the table's hashes go on from the match, so the new full block joins the cache.
+  EXPECT_EQ(kv.usage().cached_free_blocks, 8);
+  const std::vector<TokenId> computed(prompt.begin(), prompt.begin() + 192);
+  kv.cache_full_blocks(2, computed);
+  const BlockId full = kv.block_table(2).blocks()[11];
+  ASSERT_TRUE(kv.prefix_cache().contains(full));
+  EXPECT_EQ(kv.prefix_cache().hash_of(full),
+            hash_block(match.hashes.back(), std::span(computed).subspan(176, 16), 0));
+  kv.free_sequence(2);
+  EXPECT_EQ(kv.usage().used_blocks, 0);
+  EXPECT_EQ(kv.usage().cached_free_blocks + kv.usage().free_blocks, 12);
+}
+
+TEST(KVCacheManager, SlidingWindowNeverLeavesOutTheBlockThatTakesNewTokens) {
+  KVCacheManager kv(8);
+  const auto prompt = tokens(33);
+  add_computed(kv, 1, prompt);
+  const PrefixMatch match = kv.match_prefix(prompt);  // blocks 0 and 1
+  ASSERT_EQ(match.num_cached_tokens, 32);
+  ASSERT_TRUE(kv.add_sequence(2, match, 0, false, 1000));
+  const auto table = kv.block_table(2).blocks();
+  ASSERT_EQ(table.size(), 2u);
+  EXPECT_EQ(table[0], kNoBlock);
+  EXPECT_EQ(table[1], match.blocks[1]);
+}
+
 }  // namespace
 }  // namespace pagellm::paging

@@ -88,6 +88,31 @@ TEST(Scheduler, AdmissionPaysOnlyForUncachedTokens) {
   EXPECT_EQ(kv.usage().prefix_hit_tokens, 32);
 }
 
+TEST(Scheduler, SlidingWindowResumesFromACachedPrefixLongerThanThePool) {
+  paging::KVCacheManager kv(12);  // 192 tokens
+  SchedulerConfig config;
+  config.sliding_window = 24;
+  config.max_num_batched_tokens = 32;
+  Scheduler s(config, kv);
+  ScheduledBatch b;
+  ASSERT_EQ(s.add(make_seq(1, 180, 1), 0).status, AddStatus::kAdded);
+  while (s.has_work())
+    step(s, b);  // leaves 11 full blocks in the prefix cache
+  // The same 180 tokens and 20 more: 176 come from the cache, 9 of whose 11 blocks are
+  // behind the first new query's window.
+  ASSERT_EQ(s.add(make_seq(2, 200, 5), 0).status, AddStatus::kAdded);
+  std::vector<std::unique_ptr<Sequence>> done;
+  for (int i = 0; i < 20 && done.empty(); ++i) {
+    done = step(s, b);
+    EXPECT_LE(kv.usage().used_blocks, 5);
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0]->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(done[0]->num_cached_prompt_tokens, 176);
+  EXPECT_EQ(done[0]->num_output_tokens(), 5);
+  EXPECT_EQ(kv.usage().used_blocks, 0);
+}
+
 TEST(Scheduler, RejectsWhatCanNeverRunAndFullQueues) {
   paging::KVCacheManager kv(4);  // 64 tokens
   SchedulerConfig config;
