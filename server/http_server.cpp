@@ -79,6 +79,35 @@ int64_t unix_now() {
       .count();
 }
 
+bool equals_ignoring_case(std::string_view a, std::string_view b) {
+  const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
+                                            [&](char x, char y) { return lower(x) == lower(y); });
+}
+
+// The methods each route answers, for the 405 of a known path asked with another.
+struct RouteMethods {
+  std::string_view path;  // a trailing '/' matches every path below it
+  std::string_view allow;
+};
+constexpr RouteMethods kRouteMethods[] = {
+    {"/health", "GET"},          {"/metrics", "GET"},     {"/dashboard", "GET"},
+    {"/v1/stats", "GET"},        {"/v1/models", "GET"},   {"/v1/models/", "GET"},
+    {"/tokenize", "POST"},       {"/detokenize", "POST"}, {"/v1/chat/completions", "POST"},
+    {"/v1/completions", "POST"},
+};
+
+// The Allow header of `path`, or empty for a path no route serves.
+std::string_view allowed_methods(std::string_view path) {
+  for (const RouteMethods& r : kRouteMethods) {
+    const bool matches = r.path.back() == '/' ? path.size() > r.path.size() &&
+                                                    path.substr(0, r.path.size()) == r.path
+                                              : path == r.path;
+    if (matches) return r.allow;
+  }
+  return {};
+}
+
 const char* finish_name(FinishReason r) {
   return r == FinishReason::kLength ? "length" : "stop";
 }
@@ -298,12 +327,59 @@ struct HttpServer::Impl {
                          log);
               }));
 
-    // Unknown routes and httplib's own refusals (413) get an OpenAI-shaped body too.
+    // Before any body is read. httplib holds a body to its limit only by its
+    // Content-Length: a chunked body, or a compressed one (which it would inflate), could
+    // grow without bound, so neither is taken; clients send JSON plainly, with a length.
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string encoding = req.get_header_value("Content-Encoding");
+      std::optional<ApiError> refusal;
+      if (!encoding.empty() && !equals_ignoring_case(encoding, "identity")) {
+        refusal = error_for_status(415, "request bodies with Content-Encoding '" + encoding +
+                                            "' are not accepted: send the body uncompressed");
+      } else if (req.has_header("Transfer-Encoding")) {
+        refusal = error_for_status(
+            411, "request bodies must come with a Content-Length, not Transfer-Encoding '" +
+                     req.get_header_value("Transfer-Encoding") + "'");
+      }
+      if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
+      const std::string id = "req-" + random_hex(24);
+      send_error(res, *refusal);
+      res.set_header("X-Request-Id", id);
+      ++metrics.http_errors;
+      spdlog::info("{} {} {} {}", id, req.method, req.path, res.status);
+      // The body is never read, so the connection must end with this answer: were it
+      // kept open, the body would be read as the next request. httplib keeps connections
+      // open unless the request says otherwise, so the answer is written here and the
+      // socket shut (httplib then writes nothing to it and closes it).
+      if (const int fd = connection_socket(req); fd >= 0) {
+        std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " +
+                          (res.status == 411 ? "Length Required" : "Unsupported Media Type") +
+                          "\r\nContent-Type: " + kJson +
+                          "\r\nContent-Length: " + std::to_string(res.body.size()) +
+                          "\r\nConnection: close\r\nX-Request-Id: " + id + "\r\n\r\n" + res.body;
+        for (size_t sent = 0; sent < out.size();) {
+          const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+          if (n <= 0) break;
+          sent += static_cast<size_t>(n);
+        }
+        ::shutdown(fd, SHUT_RDWR);
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    });
+
+    // Unknown routes and httplib's own refusals (413) get an OpenAI-shaped body too; a
+    // known path asked with the wrong method is a 405 that names the right one.
     http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                        httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      const std::string_view allow = res.status == 404 ? allowed_methods(req.path) : "";
+      if (!allow.empty()) {
+        res.status = 405;
+        res.set_header("Allow", std::string(allow));
+      }
       const std::string message =
-          res.status == 404   ? "no route " + req.method + " " + req.path
+          res.status == 405   ? req.path + " takes " + std::string(allow) + ", not " + req.method
+          : res.status == 404 ? "no route " + req.method + " " + req.path
           : res.status == 413 ? "the request body is over the limit of " +
                                     std::to_string(options.max_body_bytes) + " bytes"
                               : "the request was refused (HTTP " + std::to_string(res.status) + ")";

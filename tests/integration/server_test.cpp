@@ -1,9 +1,12 @@
 // `pagellm serve` end to end: the real binary on a free port with the tiny demo model,
 // real HTTP requests, every endpoint and the errors clients can cause.
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -533,6 +536,84 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
 
   // And the server goes on.
   EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
+// Sends `request` as is on a new connection to `port` and reads until the server closes
+// it (or 10 s pass): the raw response, with a flag for the close.
+struct RawExchange {
+  std::string response;
+  bool closed = false;
+};
+RawExchange raw_http(int port, const std::string& request) {
+  RawExchange out;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0)
+      out.response.append(buf, static_cast<size_t>(n));
+    out.closed = n == 0;
+  }
+  close(fd);
+  return out;
+}
+
+// A compressed or chunked body could grow past the body limit as it is read (httplib
+// checks only a Content-Length, and would inflate gzip): both are refused before the
+// body is read, and the connection is closed.
+TEST_F(Server, CompressedAndChunkedBodiesAreRefusedUnread) {
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                           std::string(kKey) + "\r\nContent-Type: application/json\r\n";
+  // A body that never comes: the answer must not wait for it.
+  RawExchange r = raw_http(server_->port(), head +
+                                                "Content-Encoding: gzip\r\nContent-Length: "
+                                                "1000000\r\n\r\n\x1f\x8b");
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 415", 0), 0u) << r.response;
+  EXPECT_NE(r.response.find("Content-Encoding 'gzip'"), std::string::npos) << r.response;
+  EXPECT_TRUE(r.closed);
+  r = raw_http(server_->port(), head + "Transfer-Encoding: chunked\r\n\r\n100000\r\n{");
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 411", 0), 0u) << r.response;
+  EXPECT_NE(r.response.find("invalid_request_error"), std::string::npos) << r.response;
+  EXPECT_TRUE(r.closed);
+  // Identity is no encoding at all.
+  const std::string body = R"({"prompt": "hi", "max_tokens": 1})";
+  r = raw_http(server_->port(), head +
+                                    "Content-Encoding: identity\r\nConnection: "
+                                    "close\r\nContent-Length: " +
+                                    std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 200", 0), 0u) << r.response;
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
+TEST_F(Server, AKnownPathWithTheWrongMethodIs405) {
+  auto res = client_->Get("/v1/chat/completions");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 405);
+  EXPECT_EQ(res->get_header_value("Allow"), "POST");
+  const json error = json::parse(res->body)["error"];
+  EXPECT_EQ(error["type"], "invalid_request_error");
+  EXPECT_NE(error["message"].get<std::string>().find("takes POST, not GET"), std::string::npos)
+      << error;
+  res = client_->Post("/health", "{}", "application/json");
+  EXPECT_EQ(res->status, 405);
+  EXPECT_EQ(res->get_header_value("Allow"), "GET");
+  res = client_->Post("/v1/models/tiny", "{}", "application/json");
+  EXPECT_EQ(res->status, 405);
+  res = client_->Delete("/tokenize");
+  EXPECT_EQ(res->status, 405);
+  EXPECT_EQ(res->get_header_value("Allow"), "POST");
+  // Paths no route serves stay 404, with either method.
+  EXPECT_EQ(client_->Get("/v1/completion")->status, 404);
+  EXPECT_EQ(client_->Post("/v1/modelsx", "{}", "application/json")->status, 404);
+  EXPECT_EQ(client_->Get("/v1/models/")->status, 404);
 }
 
 TEST_F(Server, ApiKeyIsRequired) {
