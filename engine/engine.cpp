@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "engine/forward_batch_builder.h"
@@ -297,10 +298,16 @@ void Engine::step() {
   const double t = now();
   auto finished = scheduler_.update(batch, sampled_ids_, t);
 
-  // Stream the new tokens; a stop string in the text ends its request here.
+  // Stream the new tokens; a stop string in the text ends its request here. A token
+  // that ended its sequence (a stop token id, or end of sequence) is counted and has its
+  // logprobs, but its text is left out, as the stop string is.
   for (auto& [r, token] : sampled_) {
     GenerationChunk chunk;
-    chunk.text = r->stops.push(r->detokenizer.add(token.token));
+    const auto ended_by_token = std::find_if(finished.begin(), finished.end(), [&](const auto& s) {
+      return s->id == static_cast<paging::SeqId>(r->id) && s->finish_reason == FinishReason::kStop;
+    });
+    if (ended_by_token == finished.end())
+      chunk.text = r->stops.push(r->detokenizer.add(token.token));
     chunk.tokens.push_back(std::move(token));
     chunk.token_times.push_back(t);
     const bool stopped = r->stops.stopped();

@@ -379,6 +379,11 @@ ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
     ordered_json top = ordered_json::object();
     for (const auto& [token, logprob] : e.top)
       top[token_display(token)] = logprob;
+    // The legacy API always gives the chosen token's logprob among them (up to
+    // logprobs + 1 entries), even when it was not one of the most likely.
+    if (const std::string chosen = token_display(e.token); !top.contains(chosen)) {
+      top[chosen] = e.logprob;
+    }
     top_logprobs.push_back(std::move(top));
     offsets.push_back(offset.count());
     offset.add(e.token);

@@ -148,6 +148,37 @@ TEST_F(EngineTest, StopStringEndsTheTextBeforeIt) {
   EXPECT_EQ(engine->stats().kv.used_blocks, 0);
 }
 
+// A stop token ends the request as a stop string does: counted, with its logprob, but
+// its text left out.
+TEST_F(EngineTest, StopTokenEndsTheRequestWithoutItsText) {
+  auto engine = make_engine(64);
+  const std::vector<int32_t> prompt(12, 40);
+  const GenerationChunk full = engine->submit(greedy(prompt, 40)).stream->collect();
+  const std::vector<int32_t> ids = token_ids(full);
+  // The first token whose text is whole and not empty, taken as the stop token.
+  for (size_t n = 1; n + 1 < ids.size(); ++n) {
+    const std::string before =
+        engine->submit(greedy(prompt, static_cast<int32_t>(n))).stream->collect().text;
+    const std::string with =
+        engine->submit(greedy(prompt, static_cast<int32_t>(n) + 1)).stream->collect().text;
+    if (with.size() <= before.size() ||
+        std::find(ids.begin(), ids.begin() + n, ids[n]) != ids.begin() + n) {
+      continue;
+    }
+    GenerationRequest r = greedy(prompt, 40);
+    r.params.stop_token_ids = {ids[n]};
+    r.params.logprobs = true;
+    const GenerationChunk cut = engine->submit(r).stream->collect();
+    EXPECT_EQ(cut.finish_reason, FinishReason::kStop);
+    EXPECT_EQ(cut.text, before) << n;
+    EXPECT_EQ(cut.usage.completion_tokens, static_cast<int32_t>(n) + 1);
+    ASSERT_EQ(cut.tokens.size(), n + 1);
+    EXPECT_EQ(cut.tokens.back().token, ids[n]);
+    return;
+  }
+  FAIL() << "no token added text: " << full.text;
+}
+
 // A stop string completed by the token that also reaches max_tokens: the text was cut at
 // the stop string, so the reason is "stop".
 TEST_F(EngineTest, StopStringOnTheLastAllowedTokenFinishesWithStop) {

@@ -288,6 +288,13 @@ TEST(OpenAIProtocol, WholeCompletionResponseWithLegacyLogprobs) {
   EXPECT_EQ(lp["tokens"], json({"a", "b"}));
   EXPECT_EQ(lp["text_offset"], json({0, 1}));
   EXPECT_FLOAT_EQ(lp["top_logprobs"][1]["b"].get<float>(), -2.0f);
+  EXPECT_EQ(lp["top_logprobs"][1].size(), 1u);
+  // A chosen token outside the most likely is among them too (logprobs + 1 entries), and
+  // with logprobs 0 it is the only one.
+  c.logprobs = {{"c", -5.0f, {{"a", -0.5f}}}, {"d", -0.25f, {}}};
+  const json other = json::parse(completion_response(false, {"cmpl-2", 7, "m"}, {c}, {3, 2, 0}));
+  EXPECT_EQ(other["choices"][0]["logprobs"]["top_logprobs"],
+            json::parse(R"([{"a": -0.5, "c": -5.0}, {"d": -0.25}])"));
   EXPECT_TRUE(json::parse(completion_response(false, {"c", 1, "m"}, {ChoiceResult{}},
                                               {}))["choices"][0]["logprobs"]
                   .is_null());
