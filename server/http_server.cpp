@@ -565,9 +565,12 @@ struct HttpServer::Impl {
   // normally (engine failure or shutdown).
   std::optional<ApiError> record_end(Choice& c, const std::shared_ptr<AccessLog>& log) {
     const engine::GenerationChunk& f = c.final;
-    if (f.times.first_token > 0 && f.times.arrival > 0 && log->ttft < 0) {
-      log->ttft = f.times.first_token - f.times.arrival;
-      metrics.time_to_first_token.observe(log->ttft);
+    // Every choice counts in the histograms, as it does in the request counters; the
+    // access log gives the first choice's time to first token.
+    if (f.times.first_token > 0 && f.times.arrival > 0) {
+      const double ttft = f.times.first_token - f.times.arrival;
+      metrics.time_to_first_token.observe(ttft);
+      if (log->ttft < 0) log->ttft = ttft;
     }
     if (f.times.finished > 0 && f.times.arrival > 0) {
       metrics.e2e_latency.observe(f.times.finished - f.times.arrival);

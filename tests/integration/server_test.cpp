@@ -326,8 +326,13 @@ TEST_F(Server, SeveralChoicesAndSeeds) {
   const json body =
       chat("Pick a word",
            {{"max_tokens", 8}, {"n", 3}, {"seed", 7}, {"temperature", 1.0}, {"ignore_eos", true}});
+  const double ttft_before = metric(*client_, "pagellm:time_to_first_token_seconds_count");
+  const double e2e_before = metric(*client_, "pagellm:e2e_request_latency_seconds_count");
   const json a = post_json(*client_, "/v1/chat/completions", body);
   ASSERT_EQ(a["choices"].size(), 3u);
+  // Each choice is a request in every histogram.
+  EXPECT_EQ(metric(*client_, "pagellm:time_to_first_token_seconds_count") - ttft_before, 3);
+  EXPECT_EQ(metric(*client_, "pagellm:e2e_request_latency_seconds_count") - e2e_before, 3);
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(a["choices"][i]["index"], i);
   EXPECT_EQ(a["usage"]["completion_tokens"], 24);
