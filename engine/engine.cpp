@@ -20,16 +20,16 @@ struct Engine::Request {
   StopStringMatcher stops;
 
   Request(uint64_t id, std::shared_ptr<RequestStream> stream, const GenerationRequest& req,
-          uint64_t seed, const Tokenizer& tokenizer)
+          uint64_t seed, const Tokenizer& tokenizer, std::span<const int32_t> eos_token_ids)
       : id(id),
         stream(std::move(stream)),
-        sampler(req.params, req.prompt, seed),
+        sampler(req.params, req.prompt, seed, eos_token_ids),
         detokenizer(
             tokenizer, DetokenizeOptions{req.skip_special_tokens, std::nullopt},
             // The end of the prompt as context, so the first word is spaced
             // as it would be inside the whole text.
             std::span<const int32_t>(req.prompt).last(std::min<size_t>(req.prompt.size(), 4))),
-        stops(req.params.stop) {}
+        stops(req.params.stop, req.params.include_stop_str_in_output) {}
 };
 
 namespace {
@@ -216,18 +216,18 @@ void Engine::admit(std::vector<Submitted>& incoming) {
   const double t = now();
   for (Submitted& s : incoming) {
     const uint64_t seed = s.request.params.seed ? *s.request.params.seed : seed_rng_();
-    auto request =
-        std::make_unique<Request>(s.id, std::move(s.stream), s.request, seed, *tokenizer_);
     auto seq = std::make_unique<Sequence>();
+    for (int64_t eos : backend_->config().eos_token_ids) {
+      seq->eos_token_ids.push_back(static_cast<int32_t>(eos));
+    }
+    auto request = std::make_unique<Request>(s.id, std::move(s.stream), s.request, seed,
+                                             *tokenizer_, seq->eos_token_ids);
     seq->id = static_cast<paging::SeqId>(s.id);
     seq->prompt_len = static_cast<int32_t>(s.request.prompt.size());
     seq->tokens = std::move(s.request.prompt);
     seq->params = std::move(s.request.params);
     seq->priority = s.request.priority;
     seq->cache_salt = paging::cache_salt_key(s.request.cache_salt);
-    for (int64_t eos : backend_->config().eos_token_ids) {
-      seq->eos_token_ids.push_back(static_cast<int32_t>(eos));
-    }
     const scheduler::AddResult added = scheduler_.add(std::move(seq), t);
     if (added.status != scheduler::AddStatus::kAdded) {
       GenerationChunk chunk;
@@ -306,7 +306,7 @@ void Engine::step() {
     const auto ended_by_token = std::find_if(finished.begin(), finished.end(), [&](const auto& s) {
       return s->id == static_cast<paging::SeqId>(r->id) && s->finish_reason == FinishReason::kStop;
     });
-    if (ended_by_token == finished.end())
+    if (ended_by_token == finished.end() || r->stops.includes_stop())
       chunk.text = r->stops.push(r->detokenizer.add(token.token));
     chunk.tokens.push_back(std::move(token));
     chunk.token_times.push_back(t);

@@ -21,7 +21,7 @@ void log_softmax(std::span<const float> logits, std::vector<float>& out) {
 }
 
 Sampler::Sampler(const scheduler::SamplingParams& params, std::span<const int32_t> prompt,
-                 uint64_t seed)
+                 uint64_t seed, std::span<const int32_t> eos_token_ids)
     : params_(params), rng_(params.seed.value_or(seed)) {
   counts_output_ = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                    params_.frequency_penalty != 0.0f;
@@ -36,6 +36,35 @@ Sampler::Sampler(const scheduler::SamplingParams& params, std::span<const int32_
     for (int32_t t : prompt)
       penalty_token(t).flags |= kernels::kPenaltyInPrompt;
   }
+  if (params_.min_tokens > 0) {
+    // The tokens that would end the sequence get a bias of -inf until min_tokens.
+    auto hold = [&](int32_t t) {
+      kernels::PenaltyToken& entry = penalty_token(t);
+      const int32_t index = penalty_index_.at(t);
+      if (std::any_of(held_.begin(), held_.end(), [&](const Held& h) { return h.index == index; }))
+        return;
+      held_.push_back({index, entry.bias, entry.flags});
+      entry.bias = -std::numeric_limits<float>::infinity();
+      entry.flags |= kernels::kPenaltyHasBias;
+    };
+    for (int32_t t : params_.stop_token_ids)
+      hold(t);
+    if (!params_.ignore_eos) {
+      for (int32_t t : eos_token_ids)
+        hold(t);
+    }
+    if (!held_.empty()) has_penalties_ = true;
+  }
+}
+
+void Sampler::release_held() {
+  for (const Held& h : held_) {
+    penalty_tokens_[h.index].bias = h.bias;
+    penalty_tokens_[h.index].flags = (penalty_tokens_[h.index].flags & ~kernels::kPenaltyHasBias) |
+                                     (h.flags & kernels::kPenaltyHasBias);
+  }
+  held_.clear();
+  has_penalties_ = counts_output_ || !params_.logit_bias.empty();
 }
 
 kernels::PenaltyToken& Sampler::penalty_token(int32_t token) {
@@ -64,6 +93,7 @@ void Sampler::append_backend_row(ForwardBatch& batch) {
 
 void Sampler::observe(int32_t token) {
   if (counts_output_) ++penalty_token(token).output_count;
+  if (!held_.empty() && ++num_chosen_ >= params_.min_tokens) release_held();
 }
 
 double Sampler::next_uniform() {

@@ -38,7 +38,10 @@ struct SampledToken {
 class Sampler {
  public:
   // `seed` is used when the params carry none (the engine draws it per request).
-  Sampler(const scheduler::SamplingParams& params, std::span<const int32_t> prompt, uint64_t seed);
+  // `eos_token_ids`: the model's end-of-sequence tokens, held back with the stop token ids
+  // for the first params.min_tokens tokens (unless params.ignore_eos).
+  Sampler(const scheduler::SamplingParams& params, std::span<const int32_t> prompt, uint64_t seed,
+          std::span<const int32_t> eos_token_ids = {});
 
   // Chooses the next token from `logits` ([vocab]) and records it for the penalties.
   SampledToken sample(std::span<const float> logits);
@@ -68,6 +71,16 @@ class Sampler {
  private:
   kernels::PenaltyToken& penalty_token(int32_t token);
   int32_t draw(const std::vector<float>& logits);
+  // Gives the tokens held for min_tokens their own bias (or none) again.
+  void release_held();
+
+  // A token held for min_tokens: its place in penalty_tokens_, and its bias and flags
+  // without the hold.
+  struct Held {
+    int32_t index;
+    float bias;
+    uint32_t flags;
+  };
 
   scheduler::SamplingParams params_;
   std::mt19937_64 rng_;
@@ -75,6 +88,8 @@ class Sampler {
   bool counts_output_ = false;  // a penalty reads the output counts
   std::vector<kernels::PenaltyToken> penalty_tokens_;
   std::unordered_map<int32_t, int32_t> penalty_index_;  // token -> its place in the list
+  std::vector<Held> held_;                              // until min_tokens tokens have been chosen
+  int32_t num_chosen_ = 0;
   std::vector<float> scratch_;
 };
 

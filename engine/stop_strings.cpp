@@ -4,7 +4,8 @@
 
 namespace pagellm::engine {
 
-StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) {
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops, bool include_stop)
+    : include_stop_(include_stop) {
   for (std::string& s : stops) {
     if (!s.empty()) stops_.push_back(std::move(s));
   }
@@ -16,12 +17,18 @@ std::string StopStringMatcher::push(std::string_view text) {
   if (stopped_) return {};
   if (stops_.empty()) return std::string(text);
   pending_.append(text);
-  size_t first = std::string::npos;
-  for (const std::string& s : stops_)
-    first = std::min(first, pending_.find(s));
+  // The earliest match; of stop strings found at one place, the first listed.
+  size_t first = std::string::npos, length = 0;
+  for (const std::string& s : stops_) {
+    const size_t at = pending_.find(s);
+    if (at < first) {
+      first = at;
+      length = s.size();
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
-    std::string out = pending_.substr(0, first);
+    std::string out = pending_.substr(0, first + (include_stop_ ? length : 0));
     pending_.clear();
     return out;
   }

@@ -3,7 +3,7 @@
 //
 // Text that could still turn out to be the start of a stop string is held back, so the
 // client never receives part of a stop string; the stop string itself is not returned
-// (as OpenAI does). Held-back text is cut at UTF-8 character boundaries.
+// (as OpenAI does) unless asked for. Held-back text is cut at UTF-8 character boundaries.
 
 #include <string>
 #include <string_view>
@@ -13,7 +13,8 @@ namespace pagellm::engine {
 
 class StopStringMatcher {
  public:
-  explicit StopStringMatcher(std::vector<std::string> stops);
+  // `include_stop`: the text returned at a stop ends with the stop string.
+  explicit StopStringMatcher(std::vector<std::string> stops, bool include_stop = false);
 
   // Appends new text; returns what can be sent now. Once a stop string is found, the
   // text before it is returned, stopped() turns true and later calls return nothing.
@@ -22,12 +23,14 @@ class StopStringMatcher {
   std::string flush();
   bool stopped() const { return stopped_; }
   bool empty() const { return stops_.empty(); }
+  bool includes_stop() const { return include_stop_; }
 
  private:
   std::vector<std::string> stops_;
   size_t hold_ = 0;  // longest stop string - 1: bytes that may start a match
   std::string pending_;
   bool stopped_ = false;
+  bool include_stop_ = false;
 };
 
 }  // namespace pagellm::engine

@@ -38,6 +38,11 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;  // stop strings (matched on the detokenized text)
   bool ignore_eos = false;
+  // Tokens generated before a stop token id or end of sequence may be chosen (they are
+  // held at -inf until then); stop strings and max_tokens still end the text sooner.
+  int32_t min_tokens = 0;
+  // Whether the text keeps the stop string (or the stop token's text) that ended it.
+  bool include_stop_str_in_output = false;
   int32_t n = 1;  // completions per prompt
 
   // Below 1e-5 (as vLLM has it) the temperature would only scale logits toward overflow.

@@ -186,6 +186,25 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
   if (auto v = int_field(body, "best_of", 1, kMaxChoices); v && *v != p.n) {
     fail("'best_of' other than n is not supported", "best_of");
   }
+  // vLLM's and OpenAI's options for what this server does not do: refused when they ask
+  // for something (null, false or the neutral value ask for nothing).
+  for (const char* name :
+       {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "structured_outputs", "truncate_prompt_tokens", "audio"}) {
+    if (field(body, name) != nullptr) fail(std::string("'") + name + "' is not supported", name);
+  }
+  if (auto v = bool_field(body, "use_beam_search"); v && *v) {
+    fail("beam search is not supported", "use_beam_search");
+  }
+  if (auto v = number_field(body, "length_penalty", -1e9, 1e9); v && *v != 1.0) {
+    fail("'length_penalty' (of beam search) is not supported", "length_penalty");
+  }
+  if (const ordered_json* v = field(body, "modalities")) {
+    const bool text_only = v->is_array() && std::all_of(v->begin(), v->end(), [](const auto& m) {
+                             return m.is_string() && m.template get<std::string>() == "text";
+                           });
+    if (!text_only) fail("modalities other than 'text' are not supported", "modalities");
+  }
   if (const ordered_json* v = field(body, "stop")) {
     if (v->is_string()) {
       p.stop.push_back(v->get<std::string>());
@@ -209,6 +228,15 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
     }
   }
   if (auto v = bool_field(body, "ignore_eos")) p.ignore_eos = *v;
+  if (auto v = int_field(body, "min_tokens", 0, kMaxInt32)) {
+    p.min_tokens = static_cast<int32_t>(*v);
+    if (r.max_tokens_set && p.min_tokens > p.max_tokens) {
+      fail("'min_tokens' (" + std::to_string(p.min_tokens) + ") must not be above 'max_tokens' (" +
+               std::to_string(p.max_tokens) + ")",
+           "min_tokens");
+    }
+  }
+  if (auto v = bool_field(body, "include_stop_str_in_output")) p.include_stop_str_in_output = *v;
   if (auto v = bool_field(body, "skip_special_tokens")) r.skip_special_tokens = *v;
   if (auto v = int_field(body, "priority", -kMaxInt32, kMaxInt32)) {
     r.priority = static_cast<int32_t>(*v);
@@ -268,12 +296,14 @@ ordered_json parse_messages(const ordered_json& messages) {
 }
 
 // The chat template's variables beside the messages, as JSON (empty when none): `tools`
-// and the keys of `chat_template_kwargs`.
+// (unless tool_choice is "none") and the keys of `chat_template_kwargs`.
 std::string template_variables(const ordered_json& body) {
   ordered_json variables = ordered_json::object();
   if (const ordered_json* tools = field(body, "tools")) {
     if (!tools->is_array()) fail("'tools' must be a list", "tools");
-    variables["tools"] = *tools;
+    // tool_choice "none": the model is not to call one, so it is not shown them.
+    const ordered_json* choice = field(body, "tool_choice");
+    if (choice == nullptr || *choice != "none") variables["tools"] = *tools;
   }
   if (const ordered_json* kwargs = field(body, "chat_template_kwargs")) {
     if (!kwargs->is_object())
@@ -470,6 +500,14 @@ CompletionRequest parse_chat_request(const std::string& body_text,
   parse_common(body, r);
   if (auto v = bool_field(body, "add_generation_prompt")) r.add_generation_prompt = *v;
   r.template_variables_json = template_variables(body);
+  // The tools reach the template, and the reply is text: the model may call one or not.
+  // Forcing a call would need constrained decoding, which this server does not do.
+  if (const ordered_json* v = field(body, "tool_choice")) {
+    if (!v->is_string() || (v->get<std::string>() != "auto" && v->get<std::string>() != "none")) {
+      fail("only 'tool_choice' \"auto\" or \"none\" is supported (no forced tool calls)",
+           "tool_choice");
+    }
+  }
   if (auto v = bool_field(body, "logprobs")) r.params.logprobs = *v;
   if (auto v = int_field(body, "top_logprobs", 0, kMaxTopLogprobs)) {
     if (!r.params.logprobs && *v > 0) {

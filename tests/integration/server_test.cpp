@@ -402,6 +402,13 @@ TEST_F(Server, StopStringsEndTheText) {
   const Sse sse = post_stream(*client_, "/v1/completions", stream_body);
   EXPECT_EQ(stream_text(sse, false), text);
   EXPECT_EQ(sse.events.back()["choices"][0]["finish_reason"], "stop");
+
+  // Kept, when asked for.
+  json keep = with_stop;
+  keep["include_stop_str_in_output"] = true;
+  EXPECT_EQ(post_json(*client_, "/v1/completions", keep)["choices"][0]["text"], text + stop);
+  keep["stream"] = true;
+  EXPECT_EQ(stream_text(post_stream(*client_, "/v1/completions", keep), false), text + stop);
 }
 
 TEST_F(Server, Logprobs) {

@@ -179,6 +179,32 @@ TEST_F(EngineTest, StopTokenEndsTheRequestWithoutItsText) {
   FAIL() << "no token added text: " << full.text;
 }
 
+// min_tokens holds the stop token back, whether the backend picks the token or the host
+// does (for logprobs): both give the same tokens.
+TEST_F(EngineTest, MinTokensHoldsTheStopTokenBack) {
+  auto engine = make_engine(64);
+  const std::vector<int32_t> prompt(12, 40);
+  const std::vector<int32_t> ids = token_ids(engine->submit(greedy(prompt, 20)).stream->collect());
+  std::vector<int32_t> first;
+  for (bool logprobs : {false, true}) {
+    GenerationRequest r = greedy(prompt, 20);
+    r.params.stop_token_ids = {ids[0]};
+    r.params.min_tokens = 4;
+    r.params.logprobs = logprobs;
+    const GenerationChunk c = engine->submit(r).stream->collect();
+    const std::vector<int32_t> got = token_ids(c);
+    ASSERT_GE(got.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_NE(got[i], ids[0]) << i;
+    EXPECT_EQ(c.finish_reason == FinishReason::kStop, got.back() == ids[0]);
+    if (logprobs) {
+      EXPECT_EQ(got, first);
+    } else {
+      first = got;
+    }
+  }
+}
+
 // A stop string completed by the token that also reaches max_tokens: the text was cut at
 // the stop string, so the reason is "stop".
 TEST_F(EngineTest, StopStringOnTheLastAllowedTokenFinishesWithStop) {

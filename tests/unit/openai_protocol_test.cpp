@@ -109,6 +109,55 @@ TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
   EXPECT_EQ(r.template_variables_json, R"({"tools":[{"type":"function"}],"x":1})");
   EXPECT_EQ(parse_chat_request(chat_with("")).template_variables_json, "");
   EXPECT_EQ(chat_error(chat_with(R"("tools": 3)")).param, "tools");
+  // tool_choice: "auto" shows the tools, "none" does not; a forced call is refused.
+  EXPECT_EQ(
+      parse_chat_request(chat_with(R"("tools": [{"type": "function"}], "tool_choice": "auto")"))
+          .template_variables_json,
+      R"({"tools":[{"type":"function"}]})");
+  EXPECT_EQ(
+      parse_chat_request(chat_with(R"("tools": [{"type": "function"}], "tool_choice": "none")"))
+          .template_variables_json,
+      "");
+  EXPECT_EQ(chat_error(chat_with(R"("tool_choice": "required")")).param, "tool_choice");
+  EXPECT_EQ(
+      chat_error(chat_with(R"("tool_choice": {"type": "function", "function": {"name": "f"}})"))
+          .param,
+      "tool_choice");
+}
+
+TEST(OpenAIProtocol, MinTokensAndKeepingTheStopString) {
+  const CompletionRequest r = parse_completion_request(
+      R"({"prompt": "a", "max_tokens": 8, "min_tokens": 8, "include_stop_str_in_output": true})",
+      {});
+  EXPECT_EQ(r.params.min_tokens, 8);
+  EXPECT_TRUE(r.params.include_stop_str_in_output);
+  const CompletionRequest d = parse_completion_request(R"({"prompt": "a"})", {});
+  EXPECT_EQ(d.params.min_tokens, 0);
+  EXPECT_FALSE(d.params.include_stop_str_in_output);
+  EXPECT_EQ(completion_error(R"({"prompt": "a", "max_tokens": 8, "min_tokens": 9})").param,
+            "min_tokens");
+  EXPECT_EQ(completion_error(R"({"prompt": "a", "min_tokens": -1})").param, "min_tokens");
+  EXPECT_EQ(completion_error(R"({"prompt": "a", "include_stop_str_in_output": 1})").param,
+            "include_stop_str_in_output");
+}
+
+// Options that would change the output in ways this server does not do are refused, not
+// ignored; their neutral values are accepted.
+TEST(OpenAIProtocol, RefusesOptionsItDoesNotHonour) {
+  for (const char* field :
+       {R"("prompt_logprobs": 1)", R"("guided_json": {"type": "object"})",
+        R"("guided_regex": "a+")", R"("guided_choice": ["a"])", R"("guided_grammar": "g")",
+        R"("use_beam_search": true)", R"("length_penalty": 0.5)", R"("truncate_prompt_tokens": 4)",
+        R"("modalities": ["text", "audio"])", R"("audio": {"voice": "x"})"}) {
+    const ApiError e = chat_error(chat_with(field));
+    EXPECT_EQ(e.status, 400) << field;
+    EXPECT_NE(e.message.find("not supported"), std::string::npos) << field << ": " << e.message;
+  }
+  for (const char* field :
+       {R"("prompt_logprobs": null)", R"("use_beam_search": false)", R"("length_penalty": 1.0)",
+        R"("modalities": ["text"])", R"("prediction": {"type": "content", "content": "x"})"}) {
+    EXPECT_NO_THROW(parse_chat_request(chat_with(field))) << field;
+  }
 }
 
 TEST(OpenAIProtocol, RefusesBadChatRequests) {

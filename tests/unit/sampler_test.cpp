@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -166,6 +167,47 @@ TEST(Sampler, LogitBiasIsAddedBeforeChoosing) {
 // The list a backend's apply_penalties reads: each token once, with its bias (a token
 // named twice gets both), whether the prompt holds it (only where the repetition penalty
 // needs it) and how often the output does.
+// min_tokens: the tokens that end a sequence (stop token ids, end of sequence unless
+// ignored) are held at -inf for the first min_tokens tokens, whichever side samples.
+TEST(Sampler, MinTokensHoldsBackTheTokensThatEndTheSequence) {
+  SamplingParams p = greedy();
+  p.min_tokens = 3;
+  p.stop_token_ids = {2};
+  p.logit_bias = {{3, 0.5f}};
+  const std::vector<int32_t> eos = {3};
+  const std::vector<float> logits = {0.0f, 1.0f, 5.0f, 4.0f};  // 2, then 3 (+0.5) lead
+  Sampler s(p, {}, 1, eos);
+  EXPECT_TRUE(s.has_penalties());
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(s.sample(logits).token, 1) << i;
+  EXPECT_EQ(s.sample(logits).token, 2);
+  // Released, the bias of token 3 is its own again: with 2 masked, it leads.
+  const std::vector<float> no_two = {0.0f, 4.2f, -100.0f, 4.0f};
+  EXPECT_EQ(s.sample(no_two).token, 3);
+
+  // Backend rows carry the hold in their penalty list, and drop it after min_tokens.
+  Sampler b(p, {}, 1, eos);
+  for (int i = 0; i < 4; ++i) {
+    ForwardBatch batch;
+    b.append_backend_row(batch);
+    const auto& tokens = batch.penalty_tokens;
+    auto bias_of = [&](int32_t t) {
+      for (const auto& e : tokens) {
+        if (e.token == t && (e.flags & kernels::kPenaltyHasBias)) return e.bias;
+      }
+      return 0.0f;
+    };
+    EXPECT_EQ(std::isinf(bias_of(2)), i < 3) << i;
+    EXPECT_EQ(bias_of(3), i < 3 ? -std::numeric_limits<float>::infinity() : 0.5f) << i;
+    b.observe(1);
+  }
+  // ignore_eos: only the stop token ids are held.
+  p.ignore_eos = true;
+  Sampler ignoring(p, {}, 1, eos);
+  EXPECT_EQ(ignoring.sample(logits).token, 3);
+  EXPECT_FALSE(Sampler(greedy(), {}, 1, eos).has_penalties());
+}
+
 TEST(Sampler, PenaltyListHasEachTokenOnceWithItsCounts) {
   SamplingParams p = greedy();
   p.repetition_penalty = 1.3f;

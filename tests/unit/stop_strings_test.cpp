@@ -39,6 +39,17 @@ TEST(StopStringMatcher, EarliestStopWins) {
   EXPECT_EQ(stream(m, {"hello world"}), "hel");
 }
 
+TEST(StopStringMatcher, TheStopStringCanBeKept) {
+  StopStringMatcher m({"world", "lo"}, /*include_stop=*/true);
+  EXPECT_TRUE(m.includes_stop());
+  EXPECT_EQ(stream(m, {"hel", "lo wor", "ld"}), "hello");
+  // Of two found at one place, the first listed.
+  StopStringMatcher both({"ab", "abc"}, true);
+  EXPECT_EQ(stream(both, {"xxabcd"}), "xxab");
+  StopStringMatcher other({"abc", "ab"}, true);
+  EXPECT_EQ(stream(other, {"xxabcd"}), "xxabc");
+}
+
 TEST(StopStringMatcher, NeverSplitsAUtf8Character) {
   StopStringMatcher m({"xy"});
   // "é" is 2 bytes; holding back 1 byte must not cut it in half: all of it waits.
