@@ -262,19 +262,45 @@ GenerationDefaults read_generation_defaults(const FieldReader& fields) {
   return d;
 }
 
-// Qwen2/Qwen3 keep a sliding_window value even when it is off; with use_sliding_window,
-// layers from max_window_layers on use it (transformers' layer_types rule).
-int64_t read_qwen_sliding_window(const FieldReader& fields, int64_t num_layers) {
+// Qwen2/Qwen3 keep a sliding_window value even when it is off, as transformers reads
+// them: without use_sliding_window, or with a null window, every layer attends to the
+// whole context; else the layers that `layer_types` calls "sliding_attention" use the
+// window, or without layer_types those from max_window_layers on.
+int64_t read_qwen_sliding_window(const FieldReader& fields, const json& config,
+                                 int64_t num_layers) {
   if (!fields.boolean_or("use_sliding_window", false)) return 0;
+  if (auto it = config.find("sliding_window"); it != config.end() && it->is_null()) return 0;
   const int64_t window = fields.integer_or("sliding_window", 4096);
-  const int64_t first = fields.integer_or("max_window_layers", 28);
-  if (first >= num_layers) return 0;
-  if (first > 0) {
-    fields.fail("max_window_layers", "is " + std::to_string(first) +
-                                         ": a mix of sliding-window and full-attention " +
-                                         "layers is not supported");
+  int64_t sliding = 0;
+  if (const json* types = fields.find("layer_types")) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != num_layers) {
+      fields.fail("layer_types",
+                  "must list one type for each of the " + std::to_string(num_layers) + " layers");
+    }
+    for (const json& t : *types) {
+      if (t == "sliding_attention") {
+        ++sliding;
+      } else if (t != "full_attention") {
+        fields.fail(
+            "layer_types",
+            "holds " + t.dump() + "; only \"full_attention\" and \"sliding_attention\" are known");
+      }
+    }
+    if (sliding > 0 && sliding < num_layers) {
+      fields.fail("layer_types",
+                  "mixes sliding-window and full-attention layers, which is not "
+                  "supported");
+    }
+  } else {
+    const int64_t first = fields.integer_or("max_window_layers", 28);
+    if (first > 0 && first < num_layers) {
+      fields.fail("max_window_layers", "is " + std::to_string(first) +
+                                           ": a mix of sliding-window and full-attention " +
+                                           "layers is not supported");
+    }
+    sliding = first >= num_layers ? 0 : num_layers;
   }
-  return window;
+  return sliding == 0 ? 0 : window;
 }
 
 void check_positive(const FieldReader& fields, const char* key, int64_t value) {
@@ -370,7 +396,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     auto it = config.find("sliding_window");
     out.sliding_window = it == config.end() ? 4096 : fields.integer_or("sliding_window", 0);
   } else if (is_qwen) {
-    out.sliding_window = read_qwen_sliding_window(fields, out.num_layers);
+    out.sliding_window = read_qwen_sliding_window(fields, config, out.num_layers);
   }
   if (out.sliding_window < 0) fields.fail("sliding_window", "must not be negative");
 

@@ -268,6 +268,34 @@ TEST(ModelConfig, QwenSlidingWindowFollowsMaxWindowLayers) {
   j["max_window_layers"] = 12;  // a mix: not supported, and said so
   EXPECT_THAT(error_of(j.dump()),
               AllOf(HasSubstr("test/config.json"), HasSubstr("max_window_layers")));
+  // A null window is none, in every layer (transformers reads it as None).
+  j["max_window_layers"] = 0;
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(j.dump()).sliding_window, 0);
+  j.erase("sliding_window");  // absent: transformers' default of 4096
+  EXPECT_EQ(parse(j.dump()).sliding_window, 4096);
+}
+
+// layer_types, when given, says which layers slide, whatever max_window_layers says.
+TEST(ModelConfig, QwenLayerTypesOverrideMaxWindowLayers) {
+  json j = json::parse(kQwen25_05B);
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 32;
+  j["max_window_layers"] = 24;  // alone, no layer would slide
+  j["layer_types"] = json(std::vector<std::string>(24, "sliding_attention"));
+  EXPECT_EQ(parse(j.dump()).sliding_window, 32);
+  j["max_window_layers"] = 0;  // alone, every layer would slide
+  j["layer_types"] = json(std::vector<std::string>(24, "full_attention"));
+  EXPECT_EQ(parse(j.dump()).sliding_window, 0);
+  j["layer_types"][3] = "sliding_attention";
+  EXPECT_THAT(error_of(j.dump()), HasSubstr("layer_types"));
+  j["layer_types"] = json(std::vector<std::string>(23, "full_attention"));
+  EXPECT_THAT(error_of(j.dump()), HasSubstr("one type for each of the 24 layers"));
+  j["layer_types"] = json(std::vector<std::string>(24, "chunked_attention"));
+  EXPECT_THAT(error_of(j.dump()), HasSubstr("chunked_attention"));
+  // Without use_sliding_window, nothing slides.
+  j["use_sliding_window"] = false;
+  EXPECT_EQ(parse(j.dump()).sliding_window, 0);
 }
 
 TEST(ModelConfig, Qwen3HeadDimFromConfigAndQkNorm) {
