@@ -332,18 +332,22 @@ void Engine::step() {
 
 void Engine::finish(Request& r, const Sequence& seq, const std::string& error) {
   GenerationChunk chunk;
+  FinishReason reason = seq.finish_reason;
   if (!r.stops.stopped()) {
+    // The bytes held back at the end (an incomplete character) can complete a stop
+    // string too: the text is then cut there, and the reason is the stop.
     chunk.text = r.stops.push(r.detokenizer.finish());
+    if (r.stops.stopped() && reason == FinishReason::kLength) reason = FinishReason::kStop;
     chunk.text += r.stops.flush();
   }
   chunk.finished = true;
-  chunk.finish_reason = seq.finish_reason;
+  chunk.finish_reason = reason;
   chunk.error = error;
   chunk.usage.prompt_tokens = seq.prompt_len;
   chunk.usage.completion_tokens = seq.num_output_tokens();
   chunk.usage.cached_prompt_tokens = seq.num_cached_prompt_tokens;
   chunk.times = seq.times;
-  switch (seq.finish_reason) {
+  switch (reason) {
     case FinishReason::kStop:
       ++finished_stop_;
       break;

@@ -12,6 +12,7 @@
 
 #include "engine/backend.h"
 #include "engine/demo_model.h"
+#include "engine/incremental_detokenizer.h"
 #include "engine/llama_model.h"
 #include "support/temp_model.h"
 
@@ -203,6 +204,27 @@ TEST_F(EngineTest, MinTokensHoldsTheStopTokenBack) {
       first = got;
     }
   }
+}
+
+// The bytes held back to the end (a token that is part of a character) become U+FFFD
+// there; a stop string they complete still cuts the text, and the reason is "stop".
+TEST_F(EngineTest, StopStringInTheLastHeldBackBytesFinishesWithStop) {
+  auto engine = make_engine(64);
+  const Tokenizer& tokenizer = **tokenizer_;
+  int32_t partial = -1;  // a token the detokenizer holds back until the end
+  for (int32_t id = 0; id < static_cast<int32_t>(tokenizer.vocab_size()) && partial < 0; ++id) {
+    IncrementalDetokenizer d(tokenizer);
+    if (d.add(id).empty() && d.finish() == "\xEF\xBF\xBD") partial = id;
+  }
+  ASSERT_GE(partial, 0) << "no token is part of a character";
+  GenerationRequest r = greedy(std::vector<int32_t>(12, 40), 1);
+  r.params.logit_bias = {{partial, 100.0f}};
+  r.params.stop = {"\xEF\xBF\xBD"};
+  const GenerationChunk c = engine->submit(r).stream->collect();
+  ASSERT_EQ(token_ids(c), std::vector<int32_t>{partial});
+  EXPECT_EQ(c.text, "");
+  EXPECT_EQ(c.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(engine->stats().finished_stop, 1);
 }
 
 // A stop string completed by the token that also reaches max_tokens: the text was cut at
