@@ -75,7 +75,7 @@ void check_spec(const DemoModelSpec& s) {
     fail("Llama has no sliding window");
   }
   if (s.rope_scaling && s.architecture != Architecture::kLlama) {
-    fail("llama3 rope_scaling is for Llama only");
+    fail("rope_scaling is for Llama only");
   }
   if (s.architecture == Architecture::kQwen2 && s.head_dim * s.num_heads != s.hidden_size) {
     fail("Qwen2 needs head_dim * num_heads == hidden_size");
@@ -294,12 +294,29 @@ std::string config_json(const DemoModelSpec& s, const DemoVocabulary& vocab) {
       c["mlp_bias"] = false;
       c["pretraining_tp"] = 1;
       if (s.rope_scaling) {
-        c["rope_scaling"] = {
-            {"factor", s.rope_scaling->factor},
-            {"high_freq_factor", s.rope_scaling->high_freq_factor},
-            {"low_freq_factor", s.rope_scaling->low_freq_factor},
-            {"original_max_position_embeddings", s.rope_scaling->original_max_position_embeddings},
-            {"rope_type", "llama3"}};
+        const RopeScaling& r = *s.rope_scaling;
+        switch (r.type) {
+          case RopeScaling::Type::kLlama3:
+            c["rope_scaling"] = {
+                {"factor", r.factor},
+                {"high_freq_factor", r.high_freq_factor},
+                {"low_freq_factor", r.low_freq_factor},
+                {"original_max_position_embeddings", r.original_max_position_embeddings},
+                {"rope_type", "llama3"}};
+            break;
+          case RopeScaling::Type::kLinear:
+            c["rope_scaling"] = {{"factor", r.factor}, {"rope_type", "linear"}};
+            break;
+          case RopeScaling::Type::kYarn:
+            c["rope_scaling"] = {
+                {"beta_fast", r.beta_fast},
+                {"beta_slow", r.beta_slow},
+                {"factor", r.factor},
+                {"original_max_position_embeddings", r.original_max_position_embeddings},
+                {"rope_type", "yarn"}};
+            if (r.attention_factor) c["rope_scaling"]["attention_factor"] = *r.attention_factor;
+            break;
+        }
       } else {
         c["rope_scaling"] = nullptr;
       }

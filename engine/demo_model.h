@@ -26,7 +26,7 @@ struct DemoModelSpec {
   int64_t max_position_embeddings = 2048;
   double rope_theta = 500000.0;
   double rms_norm_eps = 1e-5;
-  std::optional<Llama3RopeScaling> rope_scaling;  // Llama only
+  std::optional<RopeScaling> rope_scaling;  // Llama only
   // Mistral: its sliding_window (0 writes null). Qwen2/Qwen3: use_sliding_window on
   // every layer. Llama: must be 0.
   int64_t sliding_window = 0;

@@ -151,7 +151,7 @@ void LlamaModel::forward(const ForwardBatch& batch, KVCacheMemory& cache,
       batch.num_seqs(),          batch.query_start.data(), batch.context_lens.data(),
       batch.block_tables.data(), batch.max_blocks_per_seq, static_cast<int32_t>(c.sliding_window)};
   const bool decode_only = T == batch.num_seqs();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = c.attention_scale();
 
   if (!batch.copy_src.empty()) {
     for (int64_t l = 0; l < c.num_layers; ++l) {

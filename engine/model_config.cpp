@@ -158,11 +158,12 @@ std::optional<kernels::DType> read_dtype(const FieldReader& fields) {
   fields.fail(key, "is '" + *name + "'; supported: bfloat16, float16, float32");
 }
 
-// The llama3 scaling that `sub` (rope_scaling, or rope_parameters) describes; nullopt for
-// the default RoPE. rope_parameters may leave rope_type out for the default.
-std::optional<Llama3RopeScaling> read_llama3_scaling(const FieldReader& sub,
-                                                     const FieldReader& fields, const char* key,
-                                                     bool type_required) {
+// The scaling that `sub` (rope_scaling, or rope_parameters) describes; nullopt for the
+// default RoPE. rope_parameters may leave rope_type out for the default. A yarn
+// original_max_position_embeddings left out is 0 here: max_position_embeddings, filled
+// in by the caller.
+std::optional<RopeScaling> read_rope_scaling(const FieldReader& sub, const FieldReader& fields,
+                                             const char* key, bool type_required) {
   // Newer configs say rope_type, older ones type.
   std::optional<std::string> type = sub.optional_string("rope_type");
   const char* type_key = "rope_type";
@@ -175,19 +176,57 @@ std::optional<Llama3RopeScaling> read_llama3_scaling(const FieldReader& sub,
     return std::nullopt;
   }
   if (*type == "default") return std::nullopt;
-  if (*type != "llama3") {
-    sub.fail(type_key, "is '" + *type + "'; only 'llama3' RoPE scaling is supported");
+  RopeScaling out;
+  if (*type == "llama3") {
+    out.type = RopeScaling::Type::kLlama3;
+  } else if (*type == "linear") {
+    out.type = RopeScaling::Type::kLinear;
+  } else if (*type == "yarn") {
+    out.type = RopeScaling::Type::kYarn;
+  } else {
+    sub.fail(type_key,
+             "is '" + *type + "'; the RoPE scalings supported are 'llama3', 'linear' and 'yarn'");
   }
-  Llama3RopeScaling out;
   out.factor = sub.number("factor");
-  out.low_freq_factor = sub.number("low_freq_factor");
-  out.high_freq_factor = sub.number("high_freq_factor");
-  out.original_max_position_embeddings = sub.integer("original_max_position_embeddings");
   if (!(out.factor > 0)) sub.fail("factor", "must be positive");
-  if (!(out.high_freq_factor > out.low_freq_factor) || !(out.low_freq_factor > 0)) {
-    sub.fail("high_freq_factor", "must be greater than low_freq_factor (both positive)");
+  if (out.type == RopeScaling::Type::kLlama3) {
+    out.low_freq_factor = sub.number("low_freq_factor");
+    out.high_freq_factor = sub.number("high_freq_factor");
+    out.original_max_position_embeddings = sub.integer("original_max_position_embeddings");
+    if (!(out.high_freq_factor > out.low_freq_factor) || !(out.low_freq_factor > 0)) {
+      sub.fail("high_freq_factor", "must be greater than low_freq_factor (both positive)");
+    }
+  } else if (out.type == RopeScaling::Type::kYarn) {
+    if (out.factor < 1) sub.fail("factor", "must be at least 1 for yarn");
+    out.original_max_position_embeddings = sub.integer_or("original_max_position_embeddings", 0);
+    if (out.original_max_position_embeddings < 0) {
+      sub.fail("original_max_position_embeddings", "must be positive");
+    }
+    // transformers reads 0 or null betas as the defaults ("or 32").
+    if (const double b = sub.number_or("beta_fast", 0); b != 0) out.beta_fast = b;
+    if (const double b = sub.number_or("beta_slow", 0); b != 0) out.beta_slow = b;
+    out.truncate = sub.boolean_or("truncate", true);
+    if (const json* v = sub.find("attention_factor")) {
+      out.attention_factor = sub.as_number("attention_factor", *v);
+      if (!(*out.attention_factor > 0)) sub.fail("attention_factor", "must be positive");
+    } else if (sub.find("mscale") && sub.find("mscale_all_dim")) {
+      // DeepSeek's form: the ratio of two of the paper's factors.
+      const auto mscale = [&](double m) {
+        return out.factor <= 1 ? 1.0 : 0.1 * m * std::log(out.factor) + 1.0;
+      };
+      const double m = sub.number("mscale"), all = sub.number("mscale_all_dim");
+      if (m != 0 && all != 0) out.attention_factor = mscale(m) / mscale(all);
+    }
+    // vLLM's own knobs, which transformers does not read: refused rather than ignored.
+    for (const char* knob : {"attn_factor", "extrapolation_factor"}) {
+      if (sub.find(knob) && sub.number(knob) != 1.0) {
+        sub.fail(knob,
+                 "is not 1; transformers has no such YaRN parameter (attention_factor "
+                 "sets the scaling)");
+      }
+    }
   }
-  if (out.original_max_position_embeddings <= 0) {
+  if (out.type == RopeScaling::Type::kLlama3 && out.original_max_position_embeddings <= 0) {
     sub.fail("original_max_position_embeddings", "must be positive");
   }
   return out;
@@ -199,8 +238,8 @@ void read_rope(const FieldReader& fields, const std::string& origin, ModelConfig
   out.rope_theta = fields.number_or("rope_theta", 10000.0);
   if (!(out.rope_theta > 0)) fields.fail("rope_theta", "must be positive");
   if (const json* scaling = fields.optional_object("rope_scaling")) {
-    out.rope_scaling = read_llama3_scaling(FieldReader(*scaling, origin, "rope_scaling."), fields,
-                                           "rope_scaling", true);
+    out.rope_scaling = read_rope_scaling(FieldReader(*scaling, origin, "rope_scaling."), fields,
+                                         "rope_scaling", true);
   }
   if (const json* params = fields.optional_object("rope_parameters")) {
     for (const auto& item : params->items()) {
@@ -218,7 +257,7 @@ void read_rope(const FieldReader& fields, const std::string& origin, ModelConfig
                "is " + FieldReader::describe(*sub.find("partial_rotary_factor")) +
                    "; only RoPE over the whole head (1.0) is supported");
     }
-    out.rope_scaling = read_llama3_scaling(sub, fields, "rope_parameters", false);
+    out.rope_scaling = read_rope_scaling(sub, fields, "rope_parameters", false);
   }
 }
 
@@ -390,6 +429,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                                                                                      : 32768;
   out.max_position_embeddings = fields.integer_or("max_position_embeddings", default_max_positions);
   check_positive(fields, "max_position_embeddings", out.max_position_embeddings);
+  if (out.rope_scaling && out.rope_scaling->type == RopeScaling::Type::kYarn &&
+      out.rope_scaling->original_max_position_embeddings == 0) {
+    out.rope_scaling->original_max_position_embeddings = out.max_position_embeddings;
+  }
 
   if (out.architecture == Architecture::kMistral) {
     // MistralConfig defaults to 4096; an explicit null (v0.2 and later) turns it off.
@@ -449,6 +492,15 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   return config;
 }
 
+float ModelConfig::attention_scale() const {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  if (!rope_scaling || rope_scaling->type != RopeScaling::Type::kYarn) return scale;
+  const RopeScaling& s = *rope_scaling;
+  const double factor = s.attention_factor ? *s.attention_factor
+                                           : (s.factor <= 1 ? 1.0 : 0.1 * std::log(s.factor) + 1.0);
+  return static_cast<float>(scale * factor * factor);
+}
+
 std::vector<float> rope_inv_freq(const ModelConfig& config) {
   // Float32 throughout, step by step, as transformers' _compute_default_rope_parameters
   // and _compute_llama3_parameters do on float tensors.
@@ -462,11 +514,49 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
   }
   if (!config.rope_scaling) return inv_freq;
 
-  const Llama3RopeScaling& s = *config.rope_scaling;
+  const RopeScaling& s = *config.rope_scaling;
+  const float factor = static_cast<float>(s.factor);
+  if (s.type == RopeScaling::Type::kLinear) {
+    for (float& f : inv_freq)
+      f = f / factor;
+    return inv_freq;
+  }
+  if (s.type == RopeScaling::Type::kYarn) {
+    // _compute_yarn_parameters: the band of dimensions between beta_fast and beta_slow
+    // rotations over the original context (in double, as Python's math), then a ramp
+    // from the kept frequencies (below it) to the divided ones (above it), in float32.
+    // `factor` is the config's: vLLM's and llama.cpp's reading (transformers 4.5x takes
+    // max_position_embeddings / original_max_position_embeddings instead when both are
+    // given, which differs from it when a config sets the factor but not the length).
+    const double old_context = static_cast<double>(s.original_max_position_embeddings);
+    const auto correction_dim = [&](double rotations) {
+      return (static_cast<double>(config.head_dim) *
+              std::log(old_context / (rotations * 2.0 * std::numbers::pi))) /
+             (2.0 * std::log(config.rope_theta));
+    };
+    double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+    if (s.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(config.head_dim - 1));
+    if (low == high) high += 0.001;
+    const float lo = static_cast<float>(low), span = static_cast<float>(high - low);
+    for (int64_t i = 0; i < half; ++i) {
+      const float pos_freq = std::pow(base, static_cast<float>(2 * i) / dim);
+      const float extrapolation = 1.0f / pos_freq;
+      const float interpolation = 1.0f / (factor * pos_freq);
+      const float ramp = std::clamp((static_cast<float>(i) - lo) / span, 0.0f, 1.0f);
+      const float keep = 1.0f - ramp;
+      inv_freq[i] = interpolation * (1.0f - keep) + extrapolation * keep;
+    }
+    return inv_freq;
+  }
+
   const double old_context = static_cast<double>(s.original_max_position_embeddings);
   const float low_freq_wavelen = static_cast<float>(old_context / s.low_freq_factor);
   const float high_freq_wavelen = static_cast<float>(old_context / s.high_freq_factor);
-  const float factor = static_cast<float>(s.factor);
   const float two_pi = static_cast<float>(2.0 * std::numbers::pi);
   for (float& f : inv_freq) {
     const float wavelen = two_pi / f;

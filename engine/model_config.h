@@ -20,13 +20,24 @@ enum class Architecture {
 
 const char* architecture_name(Architecture a);
 
-// rope_scaling of type "llama3" (Llama 3.1/3.2): frequencies below a band are divided
-// by `factor`, those above kept, those in between interpolated.
-struct Llama3RopeScaling {
+// rope_scaling (or rope_parameters) other than the default RoPE:
+//   llama3 (Llama 3.1/3.2): frequencies below a band are divided by `factor`, those above
+//     kept, those in between interpolated;
+//   linear: every frequency divided by `factor` (positions interpolated);
+//   yarn: frequencies past the band [beta_fast, beta_slow] rotations over
+//     original_max_position_embeddings divided by `factor`, those before it kept, a linear
+//     ramp between; queries and keys scaled by attention_factor (default 0.1 ln(factor) + 1).
+struct RopeScaling {
+  enum class Type { kLlama3, kLinear, kYarn };
   double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn
+  Type type = Type::kLlama3;
+  double beta_fast = 32.0;                 // yarn
+  double beta_slow = 1.0;                  // yarn
+  std::optional<double> attention_factor;  // yarn
+  bool truncate = true;  // yarn: the band's ends rounded outward to whole dimensions
 };
 
 // The sampling parameters a model folder's generation_config.json sets, which serving
@@ -52,8 +63,8 @@ struct ModelConfig {
   int64_t num_kv_heads = 0;  // num_key_value_heads (defaults to num_heads)
   int64_t head_dim = 0;      // head_dim (defaults to hidden_size / num_heads)
   double rms_norm_eps = 1e-6;
-  double rope_theta = 10000.0;                    // or rope_parameters.rope_theta
-  std::optional<Llama3RopeScaling> rope_scaling;  // or from rope_parameters
+  double rope_theta = 10000.0;              // or rope_parameters.rope_theta
+  std::optional<RopeScaling> rope_scaling;  // or from rope_parameters
   int64_t max_position_embeddings = 2048;
   int64_t sliding_window = 0;  // 0: none
   bool tie_word_embeddings = false;
@@ -70,6 +81,9 @@ struct ModelConfig {
   // KV cache bytes for one token over all layers: 2 (K and V) x layers x KV heads x
   // head_dim x bytes per number.
   int64_t kv_bytes_per_token(kernels::DType cache_dtype) const;
+  // The softmax scale of attention: 1 / sqrt(head_dim), times the square of YaRN's
+  // attention factor (transformers scales the cos and sin that rotate both q and k by it).
+  float attention_scale() const;
 };
 
 // Parses config.json text; errors (ConfigError from tokenizer_config.h) name `origin`
@@ -80,8 +94,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 // eos_token_id joins the stop ids and its sampling parameters fill generation_defaults.
 ModelConfig load_model_config(const std::filesystem::path& model_dir);
 
-// RoPE inverse frequencies [head_dim / 2]: 1 / theta^(2i / head_dim), with llama3
-// scaling applied when configured. Computed as transformers does (float32 result).
+// RoPE inverse frequencies [head_dim / 2]: 1 / theta^(2i / head_dim), with the scaling
+// applied when configured. Computed as transformers does (float32 result).
 std::vector<float> rope_inv_freq(const ModelConfig& config);
 
 }  // namespace pagellm::engine

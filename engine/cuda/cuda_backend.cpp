@@ -651,7 +651,7 @@ void CudaBackend::enqueue(const Step& st) {
   const int nh = static_cast<int>(c.num_heads), nkv = static_cast<int>(c.num_kv_heads);
   const int64_t qkv_n = q_dim_ + 2 * kv_dim_;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = c.attention_scale();
   const DType cdt = compute_dtype_;
   float* hidden = hidden_.get<float>();
   float* proj = proj_.get<float>();

@@ -23,7 +23,14 @@ class ReferenceLlama {
  public:
   ReferenceLlama(const engine::ModelConfig& config, const engine::ModelWeights& weights,
                  kernels::DType kv_dtype)
-      : c_(config), w_(weights), kv_dtype_(kv_dtype), inv_freq_(engine::rope_inv_freq(config)) {}
+      : c_(config), w_(weights), kv_dtype_(kv_dtype), inv_freq_(engine::rope_inv_freq(config)) {
+    // YaRN scales the cos and sin (so q and k) by its attention factor, as transformers
+    // does; the model under test folds its square into the softmax scale instead.
+    if (c_.rope_scaling && c_.rope_scaling->type == engine::RopeScaling::Type::kYarn) {
+      const engine::RopeScaling& s = *c_.rope_scaling;
+      rope_gain_ = s.attention_factor.value_or(s.factor <= 1 ? 1.0 : 0.1 * std::log(s.factor) + 1);
+    }
+  }
 
   // Logits [vocab] of the token after `tokens`.
   std::vector<float> next_logits(const std::vector<int32_t>& tokens) const {
@@ -172,7 +179,7 @@ class ReferenceLlama {
     const int64_t half = c_.head_dim / 2;
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(static_cast<float>(pos) * inv_freq_[i]);
-      const double cs = std::cos(angle), sn = std::sin(angle);
+      const double cs = std::cos(angle) * rope_gain_, sn = std::sin(angle) * rope_gain_;
       const double a = head[i], b = head[i + half];
       head[i] = static_cast<float>(a * cs - b * sn);
       head[i + half] = static_cast<float>(b * cs + a * sn);
@@ -183,6 +190,7 @@ class ReferenceLlama {
   engine::ModelWeights w_;
   kernels::DType kv_dtype_;
   std::vector<float> inv_freq_;
+  double rope_gain_ = 1.0;
 };
 
 }  // namespace pagellm::testing

@@ -197,9 +197,24 @@ std::vector<ArchCase> cases() {
   DemoModelSpec llama = tiny(Architecture::kLlama);
   out.push_back({"llama", llama});
   DemoModelSpec llama31 = tiny(Architecture::kLlama);
-  llama31.rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 64};
+  llama31.rope_scaling = RopeScaling{8.0, 1.0, 4.0, 64};
   llama31.tie_word_embeddings = true;
   out.push_back({"llama3_scaled_tied", llama31});
+  DemoModelSpec linear = tiny(Architecture::kLlama);
+  linear.rope_scaling = RopeScaling{4.0};
+  linear.rope_scaling->type = RopeScaling::Type::kLinear;
+  out.push_back({"llama_linear_rope", linear});
+  // YaRN over an original context of 32: for the tiny head's 8 frequencies, the band of
+  // 32 to 1 rotations covers dimensions 0 to 3, so kept, blended and divided ones all
+  // occur; the attention factor is 0.1 ln 8 + 1. The model folds its square into the
+  // softmax scale where the reference scales q and k, so a 16-bit cache would round
+  // different numbers: float32 weights (and cache) compare the arithmetic itself.
+  DemoModelSpec yarn = tiny(Architecture::kLlama);
+  yarn.dtype = kernels::DType::kF32;
+  yarn.rope_scaling = RopeScaling{8.0};
+  yarn.rope_scaling->type = RopeScaling::Type::kYarn;
+  yarn.rope_scaling->original_max_position_embeddings = 32;
+  out.push_back({"llama_yarn_rope", yarn});
   DemoModelSpec mqa = tiny(Architecture::kLlama);
   mqa.num_kv_heads = 1;
   mqa.dtype = kernels::DType::kF16;

@@ -380,8 +380,10 @@ TEST(ModelConfig, RopeParametersAsTransformers5WritesThem) {
   EXPECT_FALSE(parse(plain.dump()).rope_scaling.has_value());
 
   plain["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "yarn"}, {"factor", 4}};
+  EXPECT_EQ(parse(plain.dump()).rope_scaling->type, RopeScaling::Type::kYarn);
+  plain["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "longrope"}, {"factor", 4}};
   EXPECT_THAT(error_of(plain.dump()),
-              AllOf(HasSubstr("'rope_parameters.rope_type'"), HasSubstr("yarn")));
+              AllOf(HasSubstr("'rope_parameters.rope_type'"), HasSubstr("longrope")));
   plain["rope_parameters"] = {{"rope_theta", 1e6}, {"partial_rotary_factor", 0.5}};
   EXPECT_THAT(error_of(plain.dump()), HasSubstr("'rope_parameters.partial_rotary_factor'"));
   plain["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}},
@@ -419,11 +421,12 @@ TEST(ModelConfig, ErrorsNameTheFileAndTheField) {
   EXPECT_THAT(error_of(edited(kTinyLlama, "hidden_act", "gelu")),
               AllOf(HasSubstr("'hidden_act'"), HasSubstr("gelu")));
   EXPECT_THAT(error_of(edited(kTinyLlama, "attention_bias", true)), HasSubstr("'attention_bias'"));
-  EXPECT_THAT(error_of(edited(kLlama31_8B, "rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}})),
-              AllOf(HasSubstr("test/config.json"), HasSubstr("'rope_scaling.rope_type'"),
-                    HasSubstr("yarn")));
-  EXPECT_THAT(error_of(edited(kLlama31_8B, "rope_scaling", {{"type", "linear"}, {"factor", 2}})),
-              AllOf(HasSubstr("'rope_scaling.type'"), HasSubstr("linear")));
+  EXPECT_THAT(
+      error_of(edited(kLlama31_8B, "rope_scaling", {{"rope_type", "dynamic"}, {"factor", 4}})),
+      AllOf(HasSubstr("test/config.json"), HasSubstr("'rope_scaling.rope_type'"),
+            HasSubstr("dynamic")));
+  EXPECT_THAT(error_of(edited(kLlama31_8B, "rope_scaling", {{"type", "longrope"}, {"factor", 2}})),
+              AllOf(HasSubstr("'rope_scaling.type'"), HasSubstr("longrope")));
   json no_factor = json::parse(kLlama31_8B);
   no_factor["rope_scaling"].erase("low_freq_factor");
   EXPECT_THAT(error_of(no_factor.dump()),
@@ -562,6 +565,73 @@ TEST(RopeInvFreq, Llama3ScalingMatchesThePublishedFormula) {
   EXPECT_EQ(kept + divided + blended, 64);
   EXPECT_FLOAT_EQ(f[0], 1.0f);                    // highest frequency: unchanged
   EXPECT_NEAR(f[63], want[63], want[63] * 2e-6);  // lowest: divided by 8
+}
+
+// Qwen2.5's documented YaRN: factor 4 over 32768 positions. The expected values are
+// transformers' _compute_yarn_parameters evaluated in float64 (numpy): dimensions 0..11
+// kept, 20.. divided by 4, a ramp between; an attention factor of 0.1 ln 4 + 1.
+TEST(RopeInvFreq, YarnKeepsHighFrequenciesAndDividesLowOnes) {
+  json j = json::parse(kQwen25_05B);
+  j["rope_scaling"] = {
+      {"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  const ModelConfig c = parse(j.dump());
+  ASSERT_TRUE(c.rope_scaling);
+  EXPECT_EQ(c.rope_scaling->type, RopeScaling::Type::kYarn);
+  EXPECT_DOUBLE_EQ(c.rope_scaling->beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling->beta_slow, 1.0);
+  const std::vector<float> f = rope_inv_freq(c);
+  ASSERT_EQ(f.size(), 32u);
+  for (int i = 0; i < 32; ++i) {
+    const double plain = 1.0 / std::pow(1e6, 2.0 * i / 64);
+    if (i <= 11) EXPECT_NEAR(f[i], plain, plain * 2e-6) << i;
+    if (i >= 20) EXPECT_NEAR(f[i], plain / 4, plain / 4 * 2e-6) << i;
+  }
+  EXPECT_NEAR(f[15], 0.0010266176840396616, 0.0010266176840396616 * 2e-6);  // 4/9 of the way
+  EXPECT_NEAR(f[31], 3.84981631514873e-07, 3.84981631514873e-07 * 2e-6);
+  const double gain = 0.1 * std::log(4.0) + 1.0;
+  EXPECT_FLOAT_EQ(c.attention_scale(), static_cast<float>(gain * gain / 8.0));
+
+  // Untruncated band: from 11.80 to 19.83 dimensions.
+  j["rope_scaling"]["truncate"] = false;
+  EXPECT_NEAR(rope_inv_freq(parse(j.dump()))[15], 0.001079237741676554,
+              0.001079237741676554 * 2e-6);
+  // attention_factor given: the scale's gain; DeepSeek's mscale pair: their ratio.
+  j["rope_scaling"]["attention_factor"] = 1.5;
+  EXPECT_FLOAT_EQ(parse(j.dump()).attention_scale(), static_cast<float>(1.5 * 1.5 / 8.0));
+  j["rope_scaling"].erase("attention_factor");
+  j["rope_scaling"]["mscale"] = 2.0;
+  j["rope_scaling"]["mscale_all_dim"] = 1.0;
+  const double ratio = (0.2 * std::log(4.0) + 1) / (0.1 * std::log(4.0) + 1);
+  EXPECT_FLOAT_EQ(parse(j.dump()).attention_scale(), static_cast<float>(ratio * ratio / 8.0));
+  // Without original_max_position_embeddings, the config's max_position_embeddings.
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  EXPECT_EQ(parse(j.dump()).rope_scaling->original_max_position_embeddings, 32768);
+  EXPECT_EQ(rope_inv_freq(parse(j.dump())), f);
+}
+
+TEST(RopeInvFreq, LinearScalingDividesEveryFrequency) {
+  json j = json::parse(kTinyLlama);
+  const std::vector<float> plain = rope_inv_freq(parse(j.dump()));
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  const ModelConfig c = parse(j.dump());
+  EXPECT_EQ(c.rope_scaling->type, RopeScaling::Type::kLinear);
+  const std::vector<float> f = rope_inv_freq(c);
+  ASSERT_EQ(f.size(), plain.size());
+  for (size_t i = 0; i < f.size(); ++i)
+    EXPECT_EQ(f[i], plain[i] / 2.0f) << i;
+  EXPECT_EQ(c.attention_scale(), parse(kTinyLlama).attention_scale());
+}
+
+TEST(RopeInvFreq, UnsupportedScalingsAreRefused) {
+  json j = json::parse(kTinyLlama);
+  j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_THAT(error_of(j.dump()), HasSubstr("'llama3', 'linear' and 'yarn'"));
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 0.5}};
+  EXPECT_THAT(error_of(j.dump()), HasSubstr("at least 1"));
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"attn_factor", 2.0}};
+  EXPECT_THAT(error_of(j.dump()), HasSubstr("attn_factor"));
+  j["rope_scaling"] = {{"type", "linear"}};
+  EXPECT_THAT(error_of(j.dump()), HasSubstr("factor"));
 }
 
 TEST(RopeInvFreq, Llama3ScalingOnASmallHead) {
