@@ -88,6 +88,12 @@ void value_tile(const float* p, int64_t stride, const int64_t* begin, const int6
   const int64_t first = std::max(lo, *std::min_element(begin, begin + NH));
   const int64_t last = std::min(hi, *std::max_element(end, end + NH));
   if (first >= last) return;
+  // Every head is in range on [all_begin, all_end): plain fmas there, masked ones only
+  // at the edges (a run's last queries, a window's first positions). With a mask worked
+  // out per head at every position, GCC kept the accumulators on the stack, storing each
+  // of them once a position.
+  const int64_t all_begin = std::clamp(*std::max_element(begin, begin + NH), first, last);
+  const int64_t all_end = std::clamp(*std::min_element(end, end + NH), all_begin, last);
   __mmask16 mask[NC];
   for (int c = 0; c < NC; ++c)
     mask[c] = detail::tail_mask(std::max<int64_t>(0, D - d0 - c * kLanes));
@@ -95,19 +101,35 @@ void value_tile(const float* p, int64_t stride, const int64_t* begin, const int6
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < NC; ++c)
       acc[h][c] = _mm512_loadu_ps(io + h * io_stride + c * kLanes);
-  for (int64_t i = first; i < last; ++i) {
+  const auto load_row = [&](int64_t i, __m512(&vv)[NC]) {
     if (d0 == 0 && i + kValueAhead < last) prefetch_cache_row(v, T, offsets[i + kValueAhead], D);
-    __m512 vv[NC];
     for (int c = 0; c < NC; ++c)
       vv[c] = Full ? detail::load16(v, T, offsets[i] + d0 + c * kLanes)
                    : detail::load16(v, T, offsets[i] + d0 + c * kLanes, mask[c]);
+  };
+  const auto masked = [&](int64_t from, int64_t to) {
+    for (int64_t i = from; i < to; ++i) {
+      __m512 vv[NC];
+      load_row(i, vv);
+      for (int h = 0; h < NH; ++h) {
+        const __mmask16 on = static_cast<__mmask16>(-((begin[h] <= i) & (i < end[h])));
+        const __m512 pb = _mm512_set1_ps(p[h * stride + i]);
+        for (int c = 0; c < NC; ++c)
+          acc[h][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[h][c], on);
+      }
+    }
+  };
+  masked(first, all_begin);
+  for (int64_t i = all_begin; i < all_end; ++i) {
+    __m512 vv[NC];
+    load_row(i, vv);
     for (int h = 0; h < NH; ++h) {
-      const __mmask16 on = static_cast<__mmask16>(-((begin[h] <= i) & (i < end[h])));
       const __m512 pb = _mm512_set1_ps(p[h * stride + i]);
       for (int c = 0; c < NC; ++c)
-        acc[h][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[h][c], on);
+        acc[h][c] = _mm512_fmadd_ps(pb, vv[c], acc[h][c]);
     }
   }
+  masked(all_end, last);
   for (int h = 0; h < NH; ++h)
     for (int c = 0; c < NC; ++c)
       _mm512_storeu_ps(io + h * io_stride + c * kLanes, acc[h][c]);
@@ -130,10 +152,49 @@ constexpr std::array<std::array<std::array<ValueTileFn, 4>, kValueHeads>, 2> kVa
     value_table<T, true>(std::make_integer_sequence<int, kValueHeads>{})};
 
 // score_lanes_avx2 on 16-lane vectors: position j's lanes of head h are one register.
+// Positions go in pairs, so that each q vector loaded serves two fmas: with one position
+// at a time, the 6 heads' loads of q beside the K row's (28 a position) were more than
+// the load ports take for its 24 fmas.
 template <DType T, int NH, bool Full>
 void score_lanes_avx512(const float* q, int64_t Dp, const void* k, const int64_t* offsets,
                         int64_t n, int64_t D, float* red) {
-  for (int64_t j = 0; j < n; ++j) {
+  const auto fold = [&](const __m512& acc, int h, int64_t j) {
+    const __m256 lo = _mm512_castps512_ps256(acc);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    _mm256_store_ps(red + (h * 8 + j) * 8, _mm256_add_ps(lo, hi));
+  };
+  int64_t j = 0;
+  for (; j + 2 <= n; j += 2) {
+    __m512 a0[NH], a1[NH];
+    for (int h = 0; h < NH; ++h)
+      a0[h] = a1[h] = _mm512_setzero_ps();
+    const int64_t at0 = offsets[j], at1 = offsets[j + 1];
+    for (int64_t d = 0; d < Dp; d += kLanes) {
+      if constexpr (Full) {
+        const __m512 k0 = detail::load16(k, T, at0 + d), k1 = detail::load16(k, T, at1 + d);
+        for (int h = 0; h < NH; ++h) {
+          __m512 qv = _mm512_load_ps(q + h * Dp + d);
+          detail::keep_in_register(qv);  // loaded once, not folded into each fma
+          a0[h] = _mm512_fmadd_ps(qv, k0, a0[h]);
+          a1[h] = _mm512_fmadd_ps(qv, k1, a1[h]);
+        }
+      } else {  // lanes past head_dim keep their sums, as lane_dot_scalar's do
+        const __mmask16 m = detail::tail_mask(D - d);
+        const __m512 k0 = detail::load16(k, T, at0 + d, m), k1 = detail::load16(k, T, at1 + d, m);
+        for (int h = 0; h < NH; ++h) {
+          __m512 qv = _mm512_load_ps(q + h * Dp + d);
+          detail::keep_in_register(qv);
+          a0[h] = _mm512_mask3_fmadd_ps(qv, k0, a0[h], m);
+          a1[h] = _mm512_mask3_fmadd_ps(qv, k1, a1[h], m);
+        }
+      }
+    }
+    for (int h = 0; h < NH; ++h) {
+      fold(a0[h], h, j);
+      fold(a1[h], h, j + 1);
+    }
+  }
+  for (; j < n; ++j) {
     __m512 acc[NH];
     for (int h = 0; h < NH; ++h)
       acc[h] = _mm512_setzero_ps();
@@ -143,20 +204,17 @@ void score_lanes_avx512(const float* q, int64_t Dp, const void* k, const int64_t
         const __m512 kv = detail::load16(k, T, at + d);
         for (int h = 0; h < NH; ++h)
           acc[h] = _mm512_fmadd_ps(_mm512_load_ps(q + h * Dp + d), kv, acc[h]);
-      } else {  // lanes past head_dim keep their sums, as lane_dot_scalar's do
+      } else {
         const __mmask16 m = detail::tail_mask(D - d);
         const __m512 kv = detail::load16(k, T, at + d, m);
         for (int h = 0; h < NH; ++h)
           acc[h] = _mm512_mask3_fmadd_ps(_mm512_load_ps(q + h * Dp + d), kv, acc[h], m);
       }
     }
-    for (int h = 0; h < NH; ++h) {
-      const __m256 lo = _mm512_castps512_ps256(acc[h]);
-      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h]), 1));
-      _mm256_store_ps(red + (h * 8 + j) * 8, _mm256_add_ps(lo, hi));
-    }
+    for (int h = 0; h < NH; ++h)
+      fold(acc[h], h, j);
   }
-  for (int64_t j = n; j < 8; ++j)
+  for (; j < 8; ++j)
     for (int h = 0; h < NH; ++h)
       _mm256_store_ps(red + (h * 8 + j) * 8, _mm256_setzero_ps());
 }

@@ -36,6 +36,18 @@ namespace detail {
 
 inline constexpr int kLanes = 16;
 
+// Keeps a loaded vector in a register for the instructions that use it: GCC otherwise
+// folds the load into each of them (one load per use). Nothing under emulation, whose
+// vectors are structs in memory.
+template <class V>
+inline void keep_in_register(V& v) {
+#if defined(__x86_64__) && !defined(PAGELLM_EMULATE_AVX512)
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
 // Software prefetch. GCC 12 deletes loops whose only effect is __builtin_prefetch, so
 // on x86 the instruction is emitted through volatile asm. The address goes in as a
 // register, not as a memory operand: an asm that may read memory keeps GCC from holding
