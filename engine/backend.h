@@ -62,7 +62,7 @@ struct BackendOptions {
   // context: the CUDA backend sizes its buffers and decode graphs from them.
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 2048;
-  int32_t max_model_len = 0;  // <= 0: the model's max_position_embeddings
+  int32_t max_model_len = 0;  // <= 0: the model's context_length()
   bool cuda_graphs = true;    // replay captured CUDA graphs for decode steps
   // CUDA: run the matmuls on float32 copies of 16-bit weights (slower; the CPU
   // backend's arithmetic, for checking one against the other).

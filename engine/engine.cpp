@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "engine/forward_batch_builder.h"
 #include "engine/incremental_detokenizer.h"
@@ -18,6 +19,8 @@ struct Engine::Request {
   Sampler sampler;
   IncrementalDetokenizer detokenizer;
   StopStringMatcher stops;
+  int32_t min_tokens = 0;  // tokens whose text no stop string may end in
+  int32_t num_tokens = 0;  // generated so far
 
   Request(uint64_t id, std::shared_ptr<RequestStream> stream, const GenerationRequest& req,
           uint64_t seed, const Tokenizer& tokenizer, std::span<const int32_t> eos_token_ids)
@@ -29,7 +32,8 @@ struct Engine::Request {
             // The end of the prompt as context, so the first word is spaced
             // as it would be inside the whole text.
             std::span<const int32_t>(req.prompt).last(std::min<size_t>(req.prompt.size(), 4))),
-        stops(req.params.stop, req.params.include_stop_str_in_output) {}
+        stops(req.params.stop, req.params.include_stop_str_in_output),
+        min_tokens(req.params.min_tokens) {}
 };
 
 namespace {
@@ -43,7 +47,8 @@ bool wants_logprobs(const scheduler::SamplingParams& p) {
 
 EngineConfig resolve(EngineConfig config, const ModelConfig& model) {
   if (config.scheduler.max_model_len <= 0) {
-    config.scheduler.max_model_len = static_cast<int32_t>(model.max_position_embeddings);
+    config.scheduler.max_model_len = static_cast<int32_t>(
+        std::min<int64_t>(model.context_length(), std::numeric_limits<int32_t>::max()));
   }
   config.scheduler.sliding_window = static_cast<int32_t>(model.sliding_window);
   return config;
@@ -306,8 +311,9 @@ void Engine::step() {
     const auto ended_by_token = std::find_if(finished.begin(), finished.end(), [&](const auto& s) {
       return s->id == static_cast<paging::SeqId>(r->id) && s->finish_reason == FinishReason::kStop;
     });
+    const bool checked = ++r->num_tokens > r->min_tokens;
     if (ended_by_token == finished.end() || r->stops.includes_stop())
-      chunk.text = r->stops.push(r->detokenizer.add(token.token));
+      chunk.text = r->stops.push(r->detokenizer.add(token.token), checked);
     chunk.tokens.push_back(std::move(token));
     chunk.token_times.push_back(t);
     const bool stopped = r->stops.stopped();
@@ -336,7 +342,7 @@ void Engine::finish(Request& r, const Sequence& seq, const std::string& error) {
   if (!r.stops.stopped()) {
     // The bytes held back at the end (an incomplete character) can complete a stop
     // string too: the text is then cut there, and the reason is the stop.
-    chunk.text = r.stops.push(r.detokenizer.finish());
+    chunk.text = r.stops.push(r.detokenizer.finish(), r.num_tokens > r.min_tokens);
     if (r.stops.stopped() && reason == FinishReason::kLength) reason = FinishReason::kStop;
     chunk.text += r.stops.flush();
   }

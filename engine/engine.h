@@ -31,7 +31,7 @@
 namespace pagellm::engine {
 
 struct EngineConfig {
-  // max_model_len <= 0 takes the model's max_position_embeddings; the sliding window
+  // max_model_len <= 0 takes the model's context_length(); the sliding window
   // always comes from the model.
   scheduler::SchedulerConfig scheduler = [] {
     scheduler::SchedulerConfig c;

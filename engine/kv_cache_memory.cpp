@@ -74,7 +74,7 @@ KVPoolPlan plan_kv_pool(const ModelConfig& config, kernels::DType dtype,
   }
   plan.total_bytes = plan.num_blocks * plan.bytes_per_block;
   plan.capacity_tokens = plan.num_blocks * kernels::cpu::kBlockSize;
-  plan.context_length = context_length > 0 ? context_length : config.max_position_embeddings;
+  plan.context_length = context_length > 0 ? context_length : config.context_length();
   return plan;
 }
 

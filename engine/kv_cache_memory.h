@@ -52,7 +52,7 @@ struct KVPoolPlan {
   int64_t num_blocks = 0;
   int64_t total_bytes = 0;
   int64_t capacity_tokens = 0;
-  int64_t context_length = 0;  // max_model_len: max_position_embeddings unless capped
+  int64_t context_length = 0;  // max_model_len: the model's context_length() unless capped
   // How many sequences of a full context window fit at once.
   double full_context_sequences() const {
     return context_length > 0 ? double(capacity_tokens) / context_length : 0.0;
@@ -62,7 +62,7 @@ struct KVPoolPlan {
 
 // Sizes the pool from a block count or a byte budget (exactly one of them, > 0).
 // Throws ConfigError when neither or both are given, or the budget holds no block.
-// `context_length` (the served max_model_len; <= 0 for max_position_embeddings) is what
+// `context_length` (the served max_model_len; <= 0 for the model's context_length()) is what
 // full_context_sequences() counts in.
 KVPoolPlan plan_kv_pool(const ModelConfig& config, kernels::DType dtype,
                         std::optional<int64_t> num_blocks, std::optional<int64_t> bytes,

@@ -492,6 +492,21 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   return config;
 }
 
+int64_t ModelConfig::context_length() const {
+  if (!rope_scaling) return max_position_embeddings;
+  const RopeScaling& s = *rope_scaling;
+  switch (s.type) {
+    case RopeScaling::Type::kYarn:
+      return static_cast<int64_t>(static_cast<double>(s.original_max_position_embeddings) *
+                                  s.factor);
+    case RopeScaling::Type::kLinear:
+      return static_cast<int64_t>(static_cast<double>(max_position_embeddings) * s.factor);
+    case RopeScaling::Type::kLlama3:
+      break;
+  }
+  return max_position_embeddings;
+}
+
 float ModelConfig::attention_scale() const {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (!rope_scaling || rope_scaling->type != RopeScaling::Type::kYarn) return scale;

@@ -81,6 +81,11 @@ struct ModelConfig {
   // KV cache bytes for one token over all layers: 2 (K and V) x layers x KV heads x
   // head_dim x bytes per number.
   int64_t kv_bytes_per_token(kernels::DType cache_dtype) const;
+  // The longest context the model serves (the default and the cap of --max-model-len):
+  // max_position_embeddings, or, as vLLM reads a RoPE scaling that stretches positions,
+  // original_max_position_embeddings x factor for yarn and max_position_embeddings x
+  // factor for linear (llama3 configs already give the stretched length).
+  int64_t context_length() const;
   // The softmax scale of attention: 1 / sqrt(head_dim), times the square of YaRN's
   // attention factor (transformers scales the cos and sin that rotate both q and k by it).
   float attention_scale() const;

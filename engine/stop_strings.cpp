@@ -13,14 +13,18 @@ StopStringMatcher::StopStringMatcher(std::vector<std::string> stops, bool includ
     hold_ = std::max(hold_, s.size() - 1);
 }
 
-std::string StopStringMatcher::push(std::string_view text) {
+std::string StopStringMatcher::push(std::string_view text, bool checked) {
   if (stopped_) return {};
   if (stops_.empty()) return std::string(text);
   pending_.append(text);
-  // The earliest match; of stop strings found at one place, the first listed.
+  if (!checked) unchecked_end_ = sent_ + pending_.size();
+  // The earliest match; of stop strings found at one place, the first listed. A match
+  // must end past the unchecked text.
   size_t first = std::string::npos, length = 0;
   for (const std::string& s : stops_) {
-    const size_t at = pending_.find(s);
+    const size_t end_after = unchecked_end_ > sent_ ? unchecked_end_ - sent_ : 0;
+    const size_t from = end_after >= s.size() ? end_after - s.size() + 1 : 0;
+    const size_t at = pending_.find(s, from);
     if (at < first) {
       first = at;
       length = s.size();
@@ -39,6 +43,7 @@ std::string StopStringMatcher::push(std::string_view text) {
     --cut;
   std::string out = pending_.substr(0, cut);
   pending_.erase(0, cut);
+  sent_ += cut;
   return out;
 }
 

@@ -18,7 +18,9 @@ class StopStringMatcher {
 
   // Appends new text; returns what can be sent now. Once a stop string is found, the
   // text before it is returned, stopped() turns true and later calls return nothing.
-  std::string push(std::string_view text);
+  // Unless `checked`, no stop string may end in this text (min_tokens: the first tokens'
+  // text is never a stop, as in vLLM; one that ends in later text may begin in it).
+  std::string push(std::string_view text, bool checked = true);
   // The end of the stream: returns the held-back text (nothing after a stop).
   std::string flush();
   bool stopped() const { return stopped_; }
@@ -29,6 +31,8 @@ class StopStringMatcher {
   std::vector<std::string> stops_;
   size_t hold_ = 0;  // longest stop string - 1: bytes that may start a match
   std::string pending_;
+  size_t sent_ = 0;           // bytes returned so far (pending_ starts there)
+  size_t unchecked_end_ = 0;  // no stop string ends at or before this byte
   bool stopped_ = false;
   bool include_stop_ = false;
 };

@@ -39,7 +39,8 @@ struct SamplingParams {
   std::vector<std::string> stop;  // stop strings (matched on the detokenized text)
   bool ignore_eos = false;
   // Tokens generated before a stop token id or end of sequence may be chosen (they are
-  // held at -inf until then); stop strings and max_tokens still end the text sooner.
+  // held at -inf until then) or a stop string may end (one may begin in them, as in
+  // vLLM); max_tokens still ends the text sooner.
   int32_t min_tokens = 0;
   // Whether the text keeps the stop string (or the stop token's text) that ended it.
   bool include_stop_str_in_output = false;

@@ -250,7 +250,7 @@ std::filesystem::path demo_model_dir() {
 }
 
 int64_t default_kv_blocks(const engine::ModelConfig& model, const ServeOptions& o) {
-  const int64_t context = o.max_model_len > 0 ? o.max_model_len : model.max_position_embeddings;
+  const int64_t context = o.max_model_len > 0 ? o.max_model_len : model.context_length();
   const int64_t needed =
       (int64_t(o.max_num_seqs) * context + paging::kBlockSize - 1) / paging::kBlockSize + 1;
   const int64_t budget =
@@ -328,10 +328,13 @@ int run_serve(Args args) {
                                   ? scheduler::SchedulingPolicy::kPriority
                                   : scheduler::SchedulingPolicy::kFcfs;
     const engine::ModelConfig& mc = backend->config();
-    if (o.max_model_len > mc.max_position_embeddings) {
+    if (o.max_model_len > mc.context_length()) {
       throw std::runtime_error("--max-model-len " + std::to_string(o.max_model_len) +
-                               " is over the model's max_position_embeddings (" +
-                               std::to_string(mc.max_position_embeddings) + ")");
+                               " is over the model's context length (" +
+                               std::to_string(mc.context_length()) +
+                               (mc.context_length() == mc.max_position_embeddings
+                                    ? ": max_position_embeddings)"
+                                    : ": max_position_embeddings stretched by rope_scaling)"));
     }
     if (o.num_kv_blocks) {
       config.num_kv_blocks = *o.num_kv_blocks;

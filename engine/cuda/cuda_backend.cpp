@@ -152,7 +152,7 @@ class CudaBackend final : public Backend {
     blas_ = std::make_unique<cuda::Blas>(stream_);
     compute_dtype_ = options.float32_compute ? DType::kF32 : weight_dtype;
     const int64_t max_len =
-        options.max_model_len > 0 ? options.max_model_len : config_.max_position_embeddings;
+        options.max_model_len > 0 ? options.max_model_len : config_.context_length();
     if (max_len > (int64_t(1) << 30)) {
       throw ConfigError("backend cuda: max_model_len " + std::to_string(max_len) +
                         " is over 2^30 tokens (set --max-model-len)");

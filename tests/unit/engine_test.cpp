@@ -227,6 +227,23 @@ TEST_F(EngineTest, StopStringInTheLastHeldBackBytesFinishesWithStop) {
   EXPECT_EQ(engine->stats().finished_stop, 1);
 }
 
+// Nor does a stop string end the text within the first min_tokens tokens.
+TEST_F(EngineTest, MinTokensHoldsStopStringsBack) {
+  auto engine = make_engine(64);
+  const std::vector<int32_t> prompt(12, 40);
+  const GenerationChunk full = engine->submit(greedy(prompt, 12)).stream->collect();
+  const std::string first = engine->submit(greedy(prompt, 1)).stream->collect().text;
+  ASSERT_FALSE(first.empty());
+  GenerationRequest r = greedy(prompt, 12);
+  r.params.stop = {first};
+  EXPECT_EQ(engine->submit(r).stream->collect().text, "");  // the first token's text
+  r.params.min_tokens = 3;
+  const GenerationChunk held = engine->submit(r).stream->collect();
+  EXPECT_GE(held.tokens.size(), 3u);
+  EXPECT_EQ(full.text.compare(0, held.text.size(), held.text), 0) << held.text;
+  EXPECT_GE(held.text.size(), first.size());
+}
+
 // A stop string completed by the token that also reaches max_tokens: the text was cut at
 // the stop string, so the reason is "stop".
 TEST_F(EngineTest, StopStringOnTheLastAllowedTokenFinishesWithStop) {

@@ -609,6 +609,18 @@ TEST(RopeInvFreq, YarnKeepsHighFrequenciesAndDividesLowOnes) {
   EXPECT_EQ(rope_inv_freq(parse(j.dump())), f);
 }
 
+// The context a model serves: YaRN and linear scaling stretch it, as vLLM reads them.
+TEST(ModelConfig, RopeScalingStretchesTheContextLength) {
+  json j = json::parse(kQwen3_06B);  // max_position_embeddings 40960
+  EXPECT_EQ(parse(j.dump()).context_length(), 40960);
+  j["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  EXPECT_EQ(parse(j.dump()).context_length(), 131072);
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(parse(j.dump()).context_length(), 81920);
+  EXPECT_EQ(parse(kLlama31_8B).context_length(), 131072);  // llama3: as written
+}
+
 TEST(RopeInvFreq, LinearScalingDividesEveryFrequency) {
   json j = json::parse(kTinyLlama);
   const std::vector<float> plain = rope_inv_freq(parse(j.dump()));

@@ -39,6 +39,26 @@ TEST(StopStringMatcher, EarliestStopWins) {
   EXPECT_EQ(stream(m, {"hello world"}), "hel");
 }
 
+// Text pushed unchecked (min_tokens) ends no stop string; one that ends later may begin
+// in it.
+TEST(StopStringMatcher, UncheckedTextEndsNoStopString) {
+  StopStringMatcher m({"ab"});
+  std::string out = m.push("xab", /*checked=*/false);
+  out += m.push("yyab", true);
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(out, "xabyy");
+  StopStringMatcher across({"abc"});
+  out = across.push("xxab", false);
+  out += across.push("cz", true);
+  EXPECT_TRUE(across.stopped());
+  EXPECT_EQ(out, "xx");
+  StopStringMatcher never({"ab"});
+  out = never.push("ab", false);
+  out += never.push("ab", false);
+  EXPECT_EQ(out + never.flush(), "abab");
+  EXPECT_FALSE(never.stopped());
+}
+
 TEST(StopStringMatcher, TheStopStringCanBeKept) {
   StopStringMatcher m({"world", "lo"}, /*include_stop=*/true);
   EXPECT_TRUE(m.includes_stop());
