@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <netdb.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
@@ -149,6 +150,23 @@ bool client_connected(int fd) {
   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
 
+// Reads and drops what the peer sends, until it closes or pauses for 200 ms,
+// `max_bytes` have come, or `max_time` has passed.
+void drain(int fd, size_t max_bytes, std::chrono::milliseconds max_time) {
+  const auto deadline = Clock::now() + max_time;
+  char buf[65536];
+  for (size_t total = 0; total < max_bytes;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 200))) <= 0) return;
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return;
+    total += static_cast<size_t>(n);
+  }
+}
+
 // One choice of a request: its stream and what has been gathered so far.
 struct Choice {
   int32_t index = 0;
@@ -268,6 +286,32 @@ struct HttpServer::Impl {
     };
   }
 
+  // Why a request's body is not taken (before it is read), if it is not: compressed, or
+  // without a Content-Length.
+  static std::optional<ApiError> body_refusal(const httplib::Request& req) {
+    const std::string encoding = req.get_header_value("Content-Encoding");
+    if (!encoding.empty() && !equals_ignoring_case(encoding, "identity")) {
+      return error_for_status(415, "request bodies with Content-Encoding '" + encoding +
+                                       "' are not accepted: send the body uncompressed");
+    }
+    if (req.has_header("Transfer-Encoding")) {
+      return error_for_status(
+          411, "request bodies must come with a Content-Length, not Transfer-Encoding '" +
+                   req.get_header_value("Transfer-Encoding") + "'");
+    }
+    return std::nullopt;
+  }
+
+  // Fills `res` with the refusal, counts and logs it; its request id.
+  std::string refuse(const httplib::Request& req, httplib::Response& res, const ApiError& error) {
+    const std::string id = "req-" + random_hex(24);
+    send_error(res, error);
+    res.set_header("X-Request-Id", id);
+    ++metrics.http_errors;
+    spdlog::info("{} {} {} {}", id, req.method, req.path, res.status);
+    return id;
+  }
+
   void routes() {
     http.Get("/health", wrap(false, "req-", [this](auto&, auto& res, auto&) {
                const bool ok = engine.alive() && !draining;
@@ -331,41 +375,48 @@ struct HttpServer::Impl {
     // Content-Length: a chunked body, or a compressed one (which it would inflate), could
     // grow without bound, so neither is taken; clients send JSON plainly, with a length.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      const std::string encoding = req.get_header_value("Content-Encoding");
-      std::optional<ApiError> refusal;
-      if (!encoding.empty() && !equals_ignoring_case(encoding, "identity")) {
-        refusal = error_for_status(415, "request bodies with Content-Encoding '" + encoding +
-                                            "' are not accepted: send the body uncompressed");
-      } else if (req.has_header("Transfer-Encoding")) {
-        refusal = error_for_status(
-            411, "request bodies must come with a Content-Length, not Transfer-Encoding '" +
-                     req.get_header_value("Transfer-Encoding") + "'");
-      }
+      const std::optional<ApiError> refusal = body_refusal(req);
       if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
-      const std::string id = "req-" + random_hex(24);
-      send_error(res, *refusal);
-      res.set_header("X-Request-Id", id);
-      ++metrics.http_errors;
-      spdlog::info("{} {} {} {}", id, req.method, req.path, res.status);
-      // The body is never read, so the connection must end with this answer: were it
-      // kept open, the body would be read as the next request. httplib keeps connections
-      // open unless the request says otherwise, so the answer is written here and the
-      // socket shut (httplib then writes nothing to it and closes it).
-      if (const int fd = connection_socket(req); fd >= 0) {
-        std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " +
-                          (res.status == 411 ? "Length Required" : "Unsupported Media Type") +
-                          "\r\nContent-Type: " + kJson +
-                          "\r\nContent-Length: " + std::to_string(res.body.size()) +
-                          "\r\nConnection: close\r\nX-Request-Id: " + id + "\r\n\r\n" + res.body;
-        for (size_t sent = 0; sent < out.size();) {
-          const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-          if (n <= 0) break;
-          sent += static_cast<size_t>(n);
-        }
-        ::shutdown(fd, SHUT_RDWR);
+      const std::string id = refuse(req, res, *refusal);
+      // The body is not taken, so the connection must end with this answer: were it kept
+      // open, the body would be read as the next request, and httplib keeps connections
+      // open unless the request says otherwise. So the answer is written here, the
+      // sending side shut, and what the client still sends read and dropped (up to a
+      // limit of time and bytes) so that closing does not reset the connection before the
+      // client has read the answer. httplib's own write of the response then fails, and
+      // its next read finds the end of the connection.
+      const int fd = connection_socket(req);
+      if (fd < 0) {
+        spdlog::warn("{}: the connection's socket was not found; it stays open", id);
+        return httplib::Server::HandlerResponse::Handled;
       }
+      const std::string out =
+          "HTTP/1.1 " + std::to_string(res.status) + " " +
+          (res.status == 411 ? "Length Required" : "Unsupported Media Type") +
+          "\r\nContent-Type: " + kJson + "\r\nContent-Length: " + std::to_string(res.body.size()) +
+          "\r\nConnection: close\r\nX-Request-Id: " + id + "\r\n\r\n" + res.body;
+      for (size_t sent = 0; sent < out.size();) {
+        const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+      ::shutdown(fd, SHUT_WR);
+      drain(fd, 2 * options.max_body_bytes, std::chrono::seconds(5));
+      ::shutdown(fd, SHUT_RD);
       return httplib::Server::HandlerResponse::Handled;
     });
+    // A client that asks before sending its body gets the refusal instead of 100 Continue,
+    // and so never sends it.
+    http.set_expect_100_continue_handler(
+        [this](const httplib::Request& req, httplib::Response& res) {
+          const std::optional<ApiError> refusal = body_refusal(req);
+          if (!refusal) return 100;
+          refuse(req, res, *refusal);
+          res.set_header("Connection", "close");
+          // httplib writes this answer as it is, without the length it gives others.
+          res.set_header("Content-Length", std::to_string(res.body.size()));
+          return res.status;
+        });
 
     // Unknown routes and httplib's own refusals (413) get an OpenAI-shaped body too; a
     // known path asked with the wrong method is a 405 that names the right one.

@@ -555,12 +555,13 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
 }
 
 // Sends `request` as is on a new connection to `port` and reads until the server closes
-// it (or 10 s pass): the raw response, with a flag for the close.
+// it (or 10 s pass), or unless `until_close`, until a response's headers and its
+// Content-Length of body are in: the raw response, with a flag for the close.
 struct RawExchange {
   std::string response;
   bool closed = false;
 };
-RawExchange raw_http(int port, const std::string& request) {
+RawExchange raw_http(int port, const std::string& request, bool until_close = true) {
   RawExchange out;
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -573,8 +574,14 @@ RawExchange raw_http(int port, const std::string& request) {
       send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
           static_cast<ssize_t>(request.size())) {
     char buf[4096];
-    ssize_t n;
-    while ((n = recv(fd, buf, sizeof buf, 0)) > 0)
+    ssize_t n = 1;
+    auto whole = [&] {
+      const size_t end = out.response.find("\r\n\r\n");
+      const size_t at = out.response.find("Content-Length: ");
+      return end != std::string::npos && at != std::string::npos && at < end &&
+             out.response.size() >= end + 4 + std::stoul(out.response.substr(at + 16));
+    };
+    while ((until_close || !whole()) && (n = recv(fd, buf, sizeof buf, 0)) > 0)
       out.response.append(buf, static_cast<size_t>(n));
     out.closed = n == 0;
   }
@@ -599,6 +606,20 @@ TEST_F(Server, CompressedAndChunkedBodiesAreRefusedUnread) {
   EXPECT_EQ(r.response.rfind("HTTP/1.1 411", 0), 0u) << r.response;
   EXPECT_NE(r.response.find("invalid_request_error"), std::string::npos) << r.response;
   EXPECT_TRUE(r.closed);
+  // A whole body of several MiB, sent before the client reads: the answer still comes
+  // (what was sent is read and dropped, so closing does not reset the connection).
+  r = raw_http(server_->port(),
+               head + "Content-Encoding: gzip\r\nContent-Length: " + std::to_string(4 << 20) +
+                   "\r\n\r\n" + std::string(4 << 20, 'x'));
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 415", 0), 0u) << r.response.substr(0, 200);
+  // Asked first (Expect: 100-continue): the refusal instead of 100 Continue.
+  r = raw_http(server_->port(),
+               head +
+                   "Content-Encoding: br\r\nContent-Length: 1000000\r\nExpect: "
+                   "100-continue\r\n\r\n",
+               /*until_close=*/false);
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 415", 0), 0u) << r.response;
+  EXPECT_NE(r.response.find("Content-Length: "), std::string::npos) << r.response;
   // Identity is no encoding at all.
   const std::string body = R"({"prompt": "hi", "max_tokens": 1})";
   r = raw_http(server_->port(), head +
