@@ -20,12 +20,12 @@ const KVCacheManager::Sequence& KVCacheManager::get(SeqId id) const {
   return it->second;
 }
 
-void KVCacheManager::check_fits_pool(int64_t num_tokens) const {
-  const int64_t capacity = static_cast<int64_t>(pool_.num_blocks()) * kBlockSize;
-  if (num_tokens > capacity) {
-    throw PagingError("a sequence of " + std::to_string(num_tokens) +
-                      " tokens can never fit: the whole pool holds " + std::to_string(capacity) +
-                      " tokens (" + std::to_string(pool_.num_blocks()) + " blocks)");
+void KVCacheManager::check_fits_pool(int64_t num_blocks) const {
+  if (num_blocks > pool_.num_blocks()) {
+    throw PagingError("a sequence that holds " + std::to_string(num_blocks) +
+                      " blocks can never fit: the whole pool has " +
+                      std::to_string(pool_.num_blocks()) + " (" +
+                      std::to_string(int64_t(pool_.num_blocks()) * kBlockSize) + " tokens)");
   }
 }
 
@@ -91,7 +91,7 @@ bool KVCacheManager::add_sequence(SeqId id, const PrefixMatch& match, int32_t nu
   const int32_t skipped = blocks_behind_window(match, num_new_tokens, first_needed_position);
   const int64_t held =
       blocks_for_tokens(static_cast<int64_t>(match.num_cached_tokens) + num_new_tokens) - skipped;
-  if (held > pool_.num_blocks()) check_fits_pool(held * kBlockSize);
+  check_fits_pool(held);
   if (!can_add_sequence(match, num_new_tokens, first_needed_position)) return false;
 
   Sequence seq;
@@ -155,7 +155,7 @@ bool KVCacheManager::allocate_slots(SeqId id, int32_t num_new_tokens) {
   // Blocks released by a sliding window do not count: such a sequence can outgrow the
   // pool's token capacity while holding only a window's worth of blocks.
   const int64_t held = seq.table.num_blocks() - seq.num_released_blocks + needed - (copy ? 1 : 0);
-  if (held > pool_.num_blocks()) check_fits_pool(held * kBlockSize);
+  check_fits_pool(held);
   scratch_blocks_.clear();
   if (!allocate_blocks(needed, scratch_blocks_)) return false;
   size_t next = 0;

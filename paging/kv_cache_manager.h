@@ -146,7 +146,8 @@ class KVCacheManager {
   static int32_t blocks_behind_window(const PrefixMatch& match, int32_t num_new_tokens,
                                       int32_t first_needed_position);
   bool allocate_blocks(int32_t count, std::vector<BlockId>& out);
-  void check_fits_pool(int64_t num_tokens) const;
+  // Throws PagingError when a sequence would hold more blocks than the pool has.
+  void check_fits_pool(int64_t num_blocks) const;
 
   BlockPool pool_;
   PrefixCache prefix_cache_;

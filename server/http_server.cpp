@@ -92,9 +92,9 @@ struct RouteMethods {
   std::string_view allow;
 };
 constexpr RouteMethods kRouteMethods[] = {
-    {"/health", "GET"},          {"/metrics", "GET"},     {"/dashboard", "GET"},
-    {"/v1/stats", "GET"},        {"/v1/models", "GET"},   {"/v1/models/", "GET"},
-    {"/tokenize", "POST"},       {"/detokenize", "POST"}, {"/v1/chat/completions", "POST"},
+    {"/health", "GET, HEAD"},    {"/metrics", "GET, HEAD"},   {"/dashboard", "GET, HEAD"},
+    {"/v1/stats", "GET, HEAD"},  {"/v1/models", "GET, HEAD"}, {"/v1/models/", "GET, HEAD"},
+    {"/tokenize", "POST"},       {"/detokenize", "POST"},     {"/v1/chat/completions", "POST"},
     {"/v1/completions", "POST"},
 };
 

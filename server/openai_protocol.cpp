@@ -186,11 +186,12 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
   if (auto v = int_field(body, "best_of", 1, kMaxChoices); v && *v != p.n) {
     fail("'best_of' other than n is not supported", "best_of");
   }
-  // vLLM's and OpenAI's options for what this server does not do: refused when they ask
-  // for something (null, false or the neutral value ask for nothing).
+  // vLLM's and OpenAI's options for what this server does not do: refused unless null
+  // (and, below, the ones with a neutral value: false, 1, text).
   for (const char* name :
        {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "structured_outputs", "truncate_prompt_tokens", "audio"}) {
+        "structured_outputs", "truncate_prompt_tokens", "audio", "allowed_token_ids", "bad_words",
+        "functions", "function_call"}) {
     if (field(body, name) != nullptr) fail(std::string("'") + name + "' is not supported", name);
   }
   if (auto v = bool_field(body, "use_beam_search"); v && *v) {
@@ -296,14 +297,13 @@ ordered_json parse_messages(const ordered_json& messages) {
 }
 
 // The chat template's variables beside the messages, as JSON (empty when none): `tools`
-// (unless tool_choice is "none") and the keys of `chat_template_kwargs`.
+// and the keys of `chat_template_kwargs`.
 std::string template_variables(const ordered_json& body) {
   ordered_json variables = ordered_json::object();
   if (const ordered_json* tools = field(body, "tools")) {
     if (!tools->is_array()) fail("'tools' must be a list", "tools");
-    // tool_choice "none": the model is not to call one, so it is not shown them.
-    const ordered_json* choice = field(body, "tool_choice");
-    if (choice == nullptr || *choice != "none") variables["tools"] = *tools;
+    // Also with tool_choice "none", as vLLM renders them by default.
+    variables["tools"] = *tools;
   }
   if (const ordered_json* kwargs = field(body, "chat_template_kwargs")) {
     if (!kwargs->is_object())

@@ -641,7 +641,7 @@ TEST_F(Server, AKnownPathWithTheWrongMethodIs405) {
       << error;
   res = client_->Post("/health", "{}", "application/json");
   EXPECT_EQ(res->status, 405);
-  EXPECT_EQ(res->get_header_value("Allow"), "GET");
+  EXPECT_EQ(res->get_header_value("Allow"), "GET, HEAD");  // httplib answers HEAD with GET's route
   res = client_->Post("/v1/models/tiny", "{}", "application/json");
   EXPECT_EQ(res->status, 405);
   res = client_->Delete("/tokenize");

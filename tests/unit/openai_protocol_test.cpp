@@ -109,7 +109,7 @@ TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
   EXPECT_EQ(r.template_variables_json, R"({"tools":[{"type":"function"}],"x":1})");
   EXPECT_EQ(parse_chat_request(chat_with("")).template_variables_json, "");
   EXPECT_EQ(chat_error(chat_with(R"("tools": 3)")).param, "tools");
-  // tool_choice: "auto" shows the tools, "none" does not; a forced call is refused.
+  // tool_choice: "auto" and "none" show the tools (as vLLM does); a forced call is refused.
   EXPECT_EQ(
       parse_chat_request(chat_with(R"("tools": [{"type": "function"}], "tool_choice": "auto")"))
           .template_variables_json,
@@ -117,7 +117,7 @@ TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
   EXPECT_EQ(
       parse_chat_request(chat_with(R"("tools": [{"type": "function"}], "tool_choice": "none")"))
           .template_variables_json,
-      "");
+      R"({"tools":[{"type":"function"}]})");
   EXPECT_EQ(chat_error(chat_with(R"("tool_choice": "required")")).param, "tool_choice");
   EXPECT_EQ(
       chat_error(chat_with(R"("tool_choice": {"type": "function", "function": {"name": "f"}})"))
@@ -148,7 +148,9 @@ TEST(OpenAIProtocol, RefusesOptionsItDoesNotHonour) {
        {R"("prompt_logprobs": 1)", R"("guided_json": {"type": "object"})",
         R"("guided_regex": "a+")", R"("guided_choice": ["a"])", R"("guided_grammar": "g")",
         R"("use_beam_search": true)", R"("length_penalty": 0.5)", R"("truncate_prompt_tokens": 4)",
-        R"("modalities": ["text", "audio"])", R"("audio": {"voice": "x"})"}) {
+        R"("modalities": ["text", "audio"])", R"("audio": {"voice": "x"})",
+        R"("allowed_token_ids": [1, 2])", R"("bad_words": ["x"])",
+        R"("functions": [{"name": "f"}])", R"("function_call": "auto")"}) {
     const ApiError e = chat_error(chat_with(field));
     EXPECT_EQ(e.status, 400) << field;
     EXPECT_NE(e.message.find("not supported"), std::string::npos) << field << ": " << e.message;

@@ -164,9 +164,6 @@ TEST(Sampler, LogitBiasIsAddedBeforeChoosing) {
     EXPECT_NE(draws.sample(std::vector<float>{0.0f, 0.0f}).token, 1);
 }
 
-// The list a backend's apply_penalties reads: each token once, with its bias (a token
-// named twice gets both), whether the prompt holds it (only where the repetition penalty
-// needs it) and how often the output does.
 // min_tokens: the tokens that end a sequence (stop token ids, end of sequence unless
 // ignored) are held at -inf for the first min_tokens tokens, whichever side samples.
 TEST(Sampler, MinTokensHoldsBackTheTokensThatEndTheSequence) {
@@ -208,6 +205,9 @@ TEST(Sampler, MinTokensHoldsBackTheTokensThatEndTheSequence) {
   EXPECT_FALSE(Sampler(greedy(), {}, 1, eos).has_penalties());
 }
 
+// The list a backend's apply_penalties reads: each token once, with its bias (a token
+// named twice gets both), whether the prompt holds it (only where the repetition penalty
+// needs it) and how often the output does.
 TEST(Sampler, PenaltyListHasEachTokenOnceWithItsCounts) {
   SamplingParams p = greedy();
   p.repetition_penalty = 1.3f;
