@@ -112,7 +112,8 @@ int run_render_chat(Args args) {
   std::string line;
   for (size_t line_number = 1; std::getline(std::cin, line); ++line_number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    // A blank line is a bad line too, as in `pagellm tokenize`: one output line per input
+    // line keeps the two streams in step.
     try {
       const std::string prompt = render_line(*chat_template, defaults, line);
       std::cout << json_line(prompt) << '\n';

@@ -328,6 +328,14 @@ int run_serve(Args args) {
                                   ? scheduler::SchedulingPolicy::kPriority
                                   : scheduler::SchedulingPolicy::kFcfs;
     const engine::ModelConfig& mc = backend->config();
+    // Ids past the model's vocabulary are refused in every prompt that holds them: a
+    // tokenizer from another model makes most requests fail, so say so at once.
+    if (static_cast<int64_t>(tokenizer->vocab_size()) > mc.vocab_size) {
+      spdlog::warn(
+          "the tokenizer has {} tokens but the model's vocabulary {}: prompts holding the "
+          "others are refused (is tokenizer.json this model's?)",
+          tokenizer->vocab_size(), mc.vocab_size);
+    }
     if (o.max_model_len > mc.context_length()) {
       throw std::runtime_error("--max-model-len " + std::to_string(o.max_model_len) +
                                " is over the model's context length (" +

@@ -287,17 +287,24 @@ struct HttpServer::Impl {
   }
 
   // Why a request's body is not taken (before it is read), if it is not: compressed, or
-  // without a Content-Length.
+  // without a Content-Length (httplib reads a POST without one to the end of the
+  // connection, with no limit).
   static std::optional<ApiError> body_refusal(const httplib::Request& req) {
-    const std::string encoding = req.get_header_value("Content-Encoding");
-    if (!encoding.empty() && !equals_ignoring_case(encoding, "identity")) {
-      return error_for_status(415, "request bodies with Content-Encoding '" + encoding +
-                                       "' are not accepted: send the body uncompressed");
+    for (size_t i = 0; i < req.get_header_value_count("Content-Encoding"); ++i) {
+      const std::string encoding = req.get_header_value("Content-Encoding", i);
+      if (!encoding.empty() && !equals_ignoring_case(encoding, "identity")) {
+        return error_for_status(415, "request bodies with Content-Encoding '" + encoding +
+                                         "' are not accepted: send the body uncompressed");
+      }
     }
     if (req.has_header("Transfer-Encoding")) {
       return error_for_status(
           411, "request bodies must come with a Content-Length, not Transfer-Encoding '" +
                    req.get_header_value("Transfer-Encoding") + "'");
+    }
+    if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
+        !req.has_header("Content-Length")) {
+      return error_for_status(411, "request bodies must come with a Content-Length");
     }
     return std::nullopt;
   }
@@ -478,10 +485,11 @@ struct HttpServer::Impl {
           render_chat_prompt(require_template(), render_defaults, r.messages_json,
                              r.add_generation_prompt, r.template_variables_json);
       // The template writes the special tokens (BOS) itself.
-      prompts.push_back(tokenizer->encode(text, false));
+      prompts.push_back(tokenizer->encode(text, r.add_special_tokens.value_or(false)));
     } else {
       for (const PromptInput& p : r.prompts) {
-        prompts.push_back(p.text ? tokenizer->encode(*p.text, true) : p.tokens);
+        prompts.push_back(p.text ? tokenizer->encode(*p.text, r.add_special_tokens.value_or(true))
+                                 : p.tokens);
       }
     }
     for (const auto& p : prompts) {
@@ -549,6 +557,7 @@ struct HttpServer::Impl {
           // over the KV pool gets the engine's message with both numbers).
           g.params.max_tokens =
               std::max<int32_t>(1, default_length_limit() - static_cast<int32_t>(g.prompt.size()));
+          check_min_tokens(g.params);  // more than the context leaves: never met
         }
         g.priority = r.priority;
         g.skip_special_tokens = r.skip_special_tokens;

@@ -128,6 +128,18 @@ std::optional<std::string> string_field(const ordered_json& body, const char* na
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
+}  // namespace
+
+void check_min_tokens(const scheduler::SamplingParams& p) {
+  if (p.min_tokens > p.max_tokens) {
+    fail("'min_tokens' (" + std::to_string(p.min_tokens) + ") must not be above 'max_tokens' (" +
+             std::to_string(p.max_tokens) + ")",
+         "min_tokens");
+  }
+}
+
+namespace {
+
 // The fields chat and completions share.
 void parse_common(const ordered_json& body, CompletionRequest& r) {
   r.model = string_field(body, "model").value_or("");
@@ -194,6 +206,15 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
         "functions", "function_call"}) {
     if (field(body, name) != nullptr) fail(std::string("'") + name + "' is not supported", name);
   }
+  for (const char* name : {"return_tokens_as_token_ids", "continue_final_message"}) {
+    if (auto v = bool_field(body, name); v && *v) {
+      fail(std::string("'") + name + "' is not supported", name);
+    }
+  }
+  if (field(body, "chat_template") != nullptr) {
+    fail("'chat_template' is not supported in a request: serve with --chat-template FILE",
+         "chat_template");
+  }
   if (auto v = bool_field(body, "use_beam_search"); v && *v) {
     fail("beam search is not supported", "use_beam_search");
   }
@@ -229,14 +250,8 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
     }
   }
   if (auto v = bool_field(body, "ignore_eos")) p.ignore_eos = *v;
-  if (auto v = int_field(body, "min_tokens", 0, kMaxInt32)) {
-    p.min_tokens = static_cast<int32_t>(*v);
-    if (r.max_tokens_set && p.min_tokens > p.max_tokens) {
-      fail("'min_tokens' (" + std::to_string(p.min_tokens) + ") must not be above 'max_tokens' (" +
-               std::to_string(p.max_tokens) + ")",
-           "min_tokens");
-    }
-  }
+  if (auto v = int_field(body, "min_tokens", 0, kMaxInt32)) p.min_tokens = static_cast<int32_t>(*v);
+  if (auto v = bool_field(body, "add_special_tokens")) r.add_special_tokens = *v;
   if (auto v = bool_field(body, "include_stop_str_in_output")) p.include_stop_str_in_output = *v;
   if (auto v = bool_field(body, "skip_special_tokens")) r.skip_special_tokens = *v;
   if (auto v = int_field(body, "priority", -kMaxInt32, kMaxInt32)) {
@@ -296,8 +311,8 @@ ordered_json parse_messages(const ordered_json& messages) {
   return out;
 }
 
-// The chat template's variables beside the messages, as JSON (empty when none): `tools`
-// and the keys of `chat_template_kwargs`.
+// The chat template's variables beside the messages, as JSON (empty when none): `tools`,
+// `documents` and the keys of `chat_template_kwargs`.
 std::string template_variables(const ordered_json& body) {
   ordered_json variables = ordered_json::object();
   if (const ordered_json* tools = field(body, "tools")) {
@@ -305,11 +320,24 @@ std::string template_variables(const ordered_json& body) {
     // Also with tool_choice "none", as vLLM renders them by default.
     variables["tools"] = *tools;
   }
+  if (const ordered_json* documents = field(body, "documents")) {
+    if (!documents->is_array()) fail("'documents' must be a list", "documents");
+    variables["documents"] = *documents;
+  }
   if (const ordered_json* kwargs = field(body, "chat_template_kwargs")) {
     if (!kwargs->is_object())
       fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
-    for (auto it = kwargs->begin(); it != kwargs->end(); ++it)
+    for (auto it = kwargs->begin(); it != kwargs->end(); ++it) {
+      // What the request gives in its own fields (transformers refuses them twice).
+      for (const char* own : {"messages", "add_generation_prompt", "tools", "documents"}) {
+        if (it.key() == own) {
+          fail(std::string("'chat_template_kwargs' may not set '") + own +
+                   "': it is the request's own field",
+               "chat_template_kwargs");
+        }
+      }
       variables[it.key()] = it.value();
+    }
   }
   return variables.empty() ? std::string() : dump(variables);
 }
@@ -500,6 +528,7 @@ CompletionRequest parse_chat_request(const std::string& body_text,
   parse_common(body, r);
   if (auto v = bool_field(body, "add_generation_prompt")) r.add_generation_prompt = *v;
   r.template_variables_json = template_variables(body);
+  if (r.max_tokens_set) check_min_tokens(r.params);
   // The tools reach the template, and the reply is text: the model may call one or not.
   // Forcing a call would need constrained decoding, which this server does not do.
   if (const ordered_json* v = field(body, "tool_choice")) {
@@ -530,6 +559,7 @@ CompletionRequest parse_completion_request(const std::string& body_text,
     r.params.max_tokens = 16;
     r.max_tokens_set = true;
   }
+  check_min_tokens(r.params);
   if (auto v = int_field(body, "logprobs", 0, kMaxTopLogprobs)) {
     r.params.logprobs = true;
     r.params.top_logprobs = static_cast<int32_t>(*v);

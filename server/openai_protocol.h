@@ -64,6 +64,9 @@ struct CompletionRequest {
   bool include_usage = false;  // stream_options.include_usage
   int32_t priority = 0;
   bool skip_special_tokens = true;
+  // Whether the tokenizer adds its special tokens (BOS) to the prompt text: by default
+  // for completions, not for chat (whose template writes them), as vLLM has it.
+  std::optional<bool> add_special_tokens;
 };
 
 // Parse and validate a body. Throws ApiException (status 400) with the parameter at fault.
@@ -73,6 +76,9 @@ CompletionRequest parse_chat_request(const std::string& body,
                                      const scheduler::SamplingParams& defaults = {});
 CompletionRequest parse_completion_request(const std::string& body,
                                            const scheduler::SamplingParams& defaults = {});
+// Throws ApiException (400, param min_tokens) when min_tokens is above max_tokens: the
+// parsers check what the body gives; serving checks the default it gives chat.
+void check_min_tokens(const scheduler::SamplingParams& params);
 
 // Maximum n accepted; each choice is a sequence of its own.
 constexpr int32_t kMaxChoices = 16;

@@ -24,6 +24,7 @@
 #include "engine/demo_model.h"
 #include "support/server_process.h"
 #include "support/temp_model.h"
+#include "support/test_data.h"
 
 namespace pagellm {
 namespace {
@@ -620,6 +621,15 @@ TEST_F(Server, CompressedAndChunkedBodiesAreRefusedUnread) {
                /*until_close=*/false);
   EXPECT_EQ(r.response.rfind("HTTP/1.1 415", 0), 0u) << r.response;
   EXPECT_NE(r.response.find("Content-Length: "), std::string::npos) << r.response;
+  // The encoding in a second header line counts too.
+  r = raw_http(server_->port(), head +
+                                    "Content-Encoding: identity\r\nContent-Encoding: "
+                                    "gzip\r\nContent-Length: 2\r\n\r\n{}");
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 415", 0), 0u) << r.response;
+  // No Content-Length at all: httplib would read to the end of the connection.
+  r = raw_http(server_->port(), head + "\r\n" + R"({"prompt": "hi", "max_tokens": 1})");
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 411", 0), 0u) << r.response;
+  EXPECT_TRUE(r.closed);
   // Identity is no encoding at all.
   const std::string body = R"({"prompt": "hi", "max_tokens": 1})";
   r = raw_http(server_->port(), head +
@@ -628,6 +638,29 @@ TEST_F(Server, CompressedAndChunkedBodiesAreRefusedUnread) {
                                     std::to_string(body.size()) + "\r\n\r\n" + body);
   EXPECT_EQ(r.response.rfind("HTTP/1.1 200", 0), 0u) << r.response;
   EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
+// add_special_tokens: the BOS of a completion's prompt is the tokenizer's by default and
+// can be left out; chat's template writes its own unless asked. min_tokens above what
+// chat's context leaves can never be met.
+TEST_F(Server, SpecialTokensOfThePromptAndMinTokensPastTheContext) {
+  auto prompt_tokens = [&](const std::string& path, json body) {
+    body["max_tokens"] = 1;
+    return post_json(*client_, path, body)["usage"]["prompt_tokens"].get<int>();
+  };
+  const json completion = {{"prompt", "hi"}};
+  json plain = completion;
+  plain["add_special_tokens"] = false;
+  EXPECT_EQ(prompt_tokens("/v1/completions", completion) - 1,
+            prompt_tokens("/v1/completions", plain));
+  json with = chat("hi");
+  const int rendered = prompt_tokens("/v1/chat/completions", with);
+  with["add_special_tokens"] = true;
+  EXPECT_EQ(prompt_tokens("/v1/chat/completions", with), rendered + 1);
+  json greedy_chat = chat("hi");
+  greedy_chat["min_tokens"] = 5000;
+  EXPECT_EQ(expect_error(*client_, "/v1/chat/completions", greedy_chat.dump(), 400)["param"],
+            "min_tokens");
 }
 
 TEST_F(Server, AKnownPathWithTheWrongMethodIs405) {
@@ -783,6 +816,27 @@ TEST_F(Server, ClientThatTimesOutOnAWholeResponseAbortsItsRequest) {
   // Each choice ends once: cut off at its length before the client left, or aborted.
   EXPECT_GT(aborted, aborted_before);
   EXPECT_EQ(aborted - aborted_before + metric(*client_, length_metric) - length_before, 16);
+}
+
+// A tokenizer larger than the model's vocabulary (another model's) is said at start.
+TEST(ServerProcess, ATokenizerPastTheVocabularyIsReportedAtStart) {
+  const auto data = testing::shared_data_dir();
+  if (!data) GTEST_SKIP() << "shared test data not found (set PAGELLM_TEST_DATA)";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("pagellm_server_test_other_tokenizer_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(test::tiny_demo_model(), dir);
+  std::filesystem::copy_file(*data / "tokenizers" / "qwen3" / "tokenizer.json",
+                             dir / "tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  {
+    ServerProcess server({}, dir);
+    ASSERT_GT(server.port(), 0) << server.log();
+    EXPECT_NE(server.log().find("the tokenizer has 151669 tokens but the model's vocabulary 512"),
+              std::string::npos)
+        << server.log();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServerProcess, ModelWithoutChatTemplateAndTemplateFromAFile) {

@@ -68,10 +68,12 @@ TEST_F(RenderChatCli, RendersEachLineAndReportsBadLines) {
       R"({"messages": [{"role": "user", "content": "x\u2028y"}], "add_generation_prompt": false})"
       "\n"
       R"({"messages": "oops"})"
+      "\n"
       "\n";
   const CliResult r = render_chat("--model '" + model.string() + "'", input);
   EXPECT_EQ(r.exit_code, 1);
-  ASSERT_EQ(r.out_lines.size(), 4u) << r.err;
+  ASSERT_EQ(r.out_lines.size(), 5u) << r.err;
+  EXPECT_EQ(r.out_lines[4], "null");  // a blank line answers too, so the lines stay in step
   EXPECT_EQ(nlohmann::json::parse(r.out_lines[0]).get<std::string>(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(r.out_lines[1], "null");

@@ -119,6 +119,15 @@ TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
           .template_variables_json,
       R"({"tools":[{"type":"function"}]})");
   EXPECT_EQ(chat_error(chat_with(R"("tool_choice": "required")")).param, "tool_choice");
+  // documents reach the template too; the kwargs may not set the request's own fields.
+  EXPECT_EQ(
+      parse_chat_request(chat_with(R"("documents": [{"title": "t"}])")).template_variables_json,
+      R"({"documents":[{"title":"t"}]})");
+  for (const char* own : {"messages", "add_generation_prompt", "tools", "documents"}) {
+    const ApiError e =
+        chat_error(chat_with(std::string(R"("chat_template_kwargs": {")") + own + R"(": []})"));
+    EXPECT_EQ(e.param, "chat_template_kwargs") << own;
+  }
   EXPECT_EQ(
       chat_error(chat_with(R"("tool_choice": {"type": "function", "function": {"name": "f"}})"))
           .param,
@@ -137,6 +146,15 @@ TEST(OpenAIProtocol, MinTokensAndKeepingTheStopString) {
   EXPECT_EQ(completion_error(R"({"prompt": "a", "max_tokens": 8, "min_tokens": 9})").param,
             "min_tokens");
   EXPECT_EQ(completion_error(R"({"prompt": "a", "min_tokens": -1})").param, "min_tokens");
+  // Completions' default max_tokens (16) counts too.
+  EXPECT_EQ(completion_error(R"({"prompt": "a", "min_tokens": 17})").param, "min_tokens");
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "a", "min_tokens": 16})", {}).params.min_tokens,
+            16);
+  // add_special_tokens: unset unless given (serving picks the default per endpoint).
+  EXPECT_FALSE(d.add_special_tokens.has_value());
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "a", "add_special_tokens": false})", {})
+                .add_special_tokens,
+            false);
   EXPECT_EQ(completion_error(R"({"prompt": "a", "include_stop_str_in_output": 1})").param,
             "include_stop_str_in_output");
 }
@@ -150,14 +168,17 @@ TEST(OpenAIProtocol, RefusesOptionsItDoesNotHonour) {
         R"("use_beam_search": true)", R"("length_penalty": 0.5)", R"("truncate_prompt_tokens": 4)",
         R"("modalities": ["text", "audio"])", R"("audio": {"voice": "x"})",
         R"("allowed_token_ids": [1, 2])", R"("bad_words": ["x"])",
-        R"("functions": [{"name": "f"}])", R"("function_call": "auto")"}) {
+        R"("functions": [{"name": "f"}])", R"("function_call": "auto")",
+        R"("return_tokens_as_token_ids": true)", R"("continue_final_message": true)",
+        R"("chat_template": "{{ 1 }}")"}) {
     const ApiError e = chat_error(chat_with(field));
     EXPECT_EQ(e.status, 400) << field;
     EXPECT_NE(e.message.find("not supported"), std::string::npos) << field << ": " << e.message;
   }
   for (const char* field :
        {R"("prompt_logprobs": null)", R"("use_beam_search": false)", R"("length_penalty": 1.0)",
-        R"("modalities": ["text"])", R"("prediction": {"type": "content", "content": "x"})"}) {
+        R"("modalities": ["text"])", R"("prediction": {"type": "content", "content": "x"})",
+        R"("continue_final_message": false)"}) {
     EXPECT_NO_THROW(parse_chat_request(chat_with(field))) << field;
   }
 }
