@@ -583,7 +583,7 @@ struct HttpServer::Impl {
     const int socket = connection_socket(req);
     if (socket < 0) spdlog::debug("{}: connection socket not found", log->id);
     if (r.stream) {
-      stream_response(r, meta, std::move(choices), socket, res, log);
+      stream_response(r, meta, std::move(choices), socket, req.version == "HTTP/1.0", res, log);
     } else {
       whole_response(r, meta, choices, socket, res, log);
     }
@@ -712,29 +712,34 @@ struct HttpServer::Impl {
   }
 
   void stream_response(const CompletionRequest& r, const ResponseMeta& meta,
-                       std::vector<Choice> choices, int socket, httplib::Response& res,
+                       std::vector<Choice> choices, int socket, bool http10, httplib::Response& res,
                        const std::shared_ptr<AccessLog>& log) {
     auto state = std::make_shared<std::vector<Choice>>(std::move(choices));
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, r, meta, state, socket, log](size_t, httplib::DataSink& sink) {
-          // The whole stream is written in this one call: httplib stops calling a
-          // provider once the server is stopping, and a graceful shutdown must let
-          // streams in flight finish.
-          // Exceptions here would escape httplib's handler guard and end the process.
-          try {
-            if (!write_stream(r, meta, *state, socket, sink, log)) {
-              client_gone(*state, log);
-              return false;
-            }
-          } catch (const std::exception& e) {
-            spdlog::error("{}: stream failed: {}", log->id, e.what());
-            abort_all(*state);
-            return false;
-          }
-          sink.done();
-          return true;
-        });
+    auto provider = [this, r, meta, state, socket, log](size_t, httplib::DataSink& sink) {
+      // The whole stream is written in this one call: httplib stops calling a
+      // provider once the server is stopping, and a graceful shutdown must let
+      // streams in flight finish.
+      // Exceptions here would escape httplib's handler guard and end the process.
+      try {
+        if (!write_stream(r, meta, *state, socket, sink, log)) {
+          client_gone(*state, log);
+          return false;
+        }
+      } catch (const std::exception& e) {
+        spdlog::error("{}: stream failed: {}", log->id, e.what());
+        abort_all(*state);
+        return false;
+      }
+      sink.done();
+      return true;
+    };
+    // HTTP/1.0 has no chunked encoding: the stream then ends with the connection.
+    if (http10) {
+      res.set_content_provider("text/event-stream", std::move(provider));
+    } else {
+      res.set_chunked_content_provider("text/event-stream", std::move(provider));
+    }
   }
 
   static bool send_event(httplib::DataSink& sink, const std::string& payload) {

@@ -663,6 +663,24 @@ TEST_F(Server, SpecialTokensOfThePromptAndMinTokensPastTheContext) {
             "min_tokens");
 }
 
+// HTTP/1.0 has no chunked encoding: a stream to such a client ends with the connection.
+TEST_F(Server, AStreamToAnHttp10ClientIsNotChunked) {
+  const std::string body = R"({"prompt": "hi", "max_tokens": 3, "stream": true})";
+  const RawExchange r = raw_http(
+      server_->port(),
+      "POST /v1/completions HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer " + std::string(kKey) +
+          "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+          "\r\n\r\n" + body);
+  EXPECT_TRUE(r.closed);
+  const size_t end = r.response.find("\r\n\r\n");
+  ASSERT_NE(end, std::string::npos) << r.response;
+  const std::string head = r.response.substr(0, end), events = r.response.substr(end + 4);
+  EXPECT_EQ(head.find("Transfer-Encoding"), std::string::npos) << head;
+  EXPECT_EQ(events.rfind("data: {", 0), 0u) << events;
+  EXPECT_GE(events.size(), 14u);
+  EXPECT_EQ(events.substr(events.size() - 14), "data: [DONE]\n\n") << events;
+}
+
 TEST_F(Server, AKnownPathWithTheWrongMethodIs405) {
   auto res = client_->Get("/v1/chat/completions");
   ASSERT_TRUE(res);
