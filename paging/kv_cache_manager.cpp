@@ -235,6 +235,11 @@ void KVCacheManager::free_sequence(SeqId id) {
                       ": unknown (never added, or freed already)");
   }
   const auto blocks = it->second.table.blocks();
+  // A copy-on-write queued for it in this step goes too: its block is about to be free,
+  // and may be handed to another sequence before the copy would be made.
+  std::erase_if(pending_copies_, [&](const BlockCopy& c) {
+    return std::find(blocks.begin(), blocks.end(), c.dst) != blocks.end();
+  });
   for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
     if (*b != kNoBlock) pool_.release(*b);
   }

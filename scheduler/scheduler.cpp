@@ -148,11 +148,22 @@ ScheduledBatch Scheduler::schedule(double now) {
     }
     bool preempted_self = false;
     while (!kv_.can_allocate_slots(seq->id, n)) {
+      // Those not scheduled yet (seq among them), and those scheduled earlier in this
+      // loop that come after seq in policy order: decodes go first, but a later decode
+      // must not keep its blocks from a prompt that comes before it.
       candidates.clear();
       for (Sequence* s : running_) {
-        if (s->last_scheduled_step != step_) candidates.push_back(s);  // includes seq
+        if (s->last_scheduled_step != step_ || before(*seq, *s)) candidates.push_back(s);
       }
       Sequence* victim = pick_victim(candidates, step_);
+      if (victim != seq && victim->last_scheduled_step == step_) {
+        // Taken back out of the batch, with its tokens.
+        auto entry = std::find_if(batch.seqs.begin(), batch.seqs.end(),
+                                  [&](const ScheduledSeq& e) { return e.seq == victim; });
+        budget += entry->num_new_tokens;
+        batch.num_tokens -= entry->num_new_tokens;
+        batch.seqs.erase(entry);
+      }
       preempt(victim);
       ++batch.num_preempted;
       if (victim == seq) {

@@ -113,6 +113,36 @@ TEST(Scheduler, SlidingWindowResumesFromACachedPrefixLongerThanThePool) {
   EXPECT_EQ(kv.usage().used_blocks, 0);
 }
 
+// Decodes are scheduled before prompt chunks, but a lower-priority decode must not keep
+// its blocks from a higher-priority prompt: it is taken back out of the step and
+// preempted, instead of the prompt preempting itself step after step.
+TEST(Scheduler, APromptPreemptsALowerPriorityDecodeScheduledBeforeIt) {
+  paging::KVCacheManager kv(8);
+  SchedulerConfig config;
+  config.policy = SchedulingPolicy::kPriority;
+  config.max_num_seqs = 2;
+  config.max_num_batched_tokens = 32;
+  Scheduler s(config, kv);
+  ScheduledBatch b;
+  // 1 holds 2 blocks and never needs a third; 2's prompt needs 7 of the 6 left.
+  ASSERT_EQ(s.add(make_seq(1, 20, 12, 100, /*priority=*/10), 0).status, AddStatus::kAdded);
+  step(s, b);  // 1 decodes from now on
+  ASSERT_EQ(s.add(make_seq(2, 100, 5, 300, /*priority=*/0), 0).status, AddStatus::kAdded);
+  std::vector<paging::SeqId> finished;
+  for (int i = 0; i < 400 && finished.size() < 2; ++i) {
+    for (auto& done : step(s, b))
+      finished.push_back(done->id);
+    int32_t tokens = 0;
+    for (const auto& e : b.seqs)
+      tokens += e.num_new_tokens;
+    EXPECT_EQ(tokens, b.num_tokens);
+    EXPECT_LE(b.num_tokens, 32);
+  }
+  ASSERT_EQ(finished, (std::vector<paging::SeqId>{2, 1}));
+  EXPECT_GE(s.stats().num_preemptions, 1);
+  EXPECT_EQ(kv.usage().used_blocks, 0);
+}
+
 TEST(Scheduler, RejectsWhatCanNeverRunAndFullQueues) {
   paging::KVCacheManager kv(4);  // 64 tokens
   SchedulerConfig config;
