@@ -295,26 +295,24 @@ std::string config_json(const DemoModelSpec& s, const DemoVocabulary& vocab) {
       c["pretraining_tp"] = 1;
       if (s.rope_scaling) {
         const RopeScaling& r = *s.rope_scaling;
+        json& out = c["rope_scaling"];
+        out = {{"factor", r.factor}};
         switch (r.type) {
           case RopeScaling::Type::kLlama3:
-            c["rope_scaling"] = {
-                {"factor", r.factor},
-                {"high_freq_factor", r.high_freq_factor},
-                {"low_freq_factor", r.low_freq_factor},
-                {"original_max_position_embeddings", r.original_max_position_embeddings},
-                {"rope_type", "llama3"}};
+            out["rope_type"] = "llama3";
+            out["high_freq_factor"] = r.high_freq_factor;
+            out["low_freq_factor"] = r.low_freq_factor;
+            out["original_max_position_embeddings"] = r.original_max_position_embeddings;
             break;
           case RopeScaling::Type::kLinear:
-            c["rope_scaling"] = {{"factor", r.factor}, {"rope_type", "linear"}};
+            out["rope_type"] = "linear";
             break;
           case RopeScaling::Type::kYarn:
-            c["rope_scaling"] = {
-                {"beta_fast", r.beta_fast},
-                {"beta_slow", r.beta_slow},
-                {"factor", r.factor},
-                {"original_max_position_embeddings", r.original_max_position_embeddings},
-                {"rope_type", "yarn"}};
-            if (r.attention_factor) c["rope_scaling"]["attention_factor"] = *r.attention_factor;
+            out["rope_type"] = "yarn";
+            out["beta_fast"] = r.beta_fast;
+            out["beta_slow"] = r.beta_slow;
+            out["original_max_position_embeddings"] = r.original_max_position_embeddings;
+            if (r.attention_factor) out["attention_factor"] = *r.attention_factor;
             break;
         }
       } else {

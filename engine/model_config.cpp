@@ -158,6 +158,12 @@ std::optional<kernels::DType> read_dtype(const FieldReader& fields) {
   fields.fail(key, "is '" + *name + "'; supported: bfloat16, float16, float32");
 }
 
+// The YaRN paper's attention factor for a context stretched `factor` times (transformers'
+// get_mscale).
+double yarn_mscale(double factor, double m = 1.0) {
+  return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
+
 // The scaling that `sub` (rope_scaling, or rope_parameters) describes; nullopt for the
 // default RoPE. rope_parameters may leave rope_type out for the default. A yarn
 // original_max_position_embeddings left out is 0 here: max_position_embeddings, filled
@@ -211,11 +217,10 @@ std::optional<RopeScaling> read_rope_scaling(const FieldReader& sub, const Field
       if (!(*out.attention_factor > 0)) sub.fail("attention_factor", "must be positive");
     } else if (sub.find("mscale") && sub.find("mscale_all_dim")) {
       // DeepSeek's form: the ratio of two of the paper's factors.
-      const auto mscale = [&](double m) {
-        return out.factor <= 1 ? 1.0 : 0.1 * m * std::log(out.factor) + 1.0;
-      };
       const double m = sub.number("mscale"), all = sub.number("mscale_all_dim");
-      if (m != 0 && all != 0) out.attention_factor = mscale(m) / mscale(all);
+      if (m != 0 && all != 0) {
+        out.attention_factor = yarn_mscale(out.factor, m) / yarn_mscale(out.factor, all);
+      }
     }
     // vLLM's own knobs, which transformers does not read: refused rather than ignored.
     for (const char* knob : {"attn_factor", "extrapolation_factor"}) {
@@ -511,8 +516,7 @@ float ModelConfig::attention_scale() const {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (!rope_scaling || rope_scaling->type != RopeScaling::Type::kYarn) return scale;
   const RopeScaling& s = *rope_scaling;
-  const double factor = s.attention_factor ? *s.attention_factor
-                                           : (s.factor <= 1 ? 1.0 : 0.1 * std::log(s.factor) + 1.0);
+  const double factor = s.attention_factor.value_or(yarn_mscale(s.factor));
   return static_cast<float>(scale * factor * factor);
 }
 

@@ -242,10 +242,7 @@ struct HttpServer::Impl {
     const std::string auth = req.get_header_value("Authorization");
     // "Bearer KEY", the scheme's name in any case (RFC 9110).
     constexpr std::string_view kScheme = "bearer ";
-    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
-    if (auth.size() >= kScheme.size() &&
-        std::equal(kScheme.begin(), kScheme.end(), auth.begin(),
-                   [&](char a, char b) { return a == lower(b); })) {
+    if (equals_ignoring_case(std::string_view(auth).substr(0, kScheme.size()), kScheme)) {
       key = auth.substr(kScheme.size());
     } else if (req.has_header("X-Api-Key")) {
       key = req.get_header_value("X-Api-Key");
