@@ -106,8 +106,11 @@ void BM_MemoryRead(benchmark::State& state) {
 
 // y = x w^T with a bf16 weight [n, k]; iterations walk through enough packed copies of the
 // weight to leave the caches.
-void BM_MatmulBF16(benchmark::State& state, int64_t n, int64_t k) {
+// amx false: the fma path, on a machine whose default is the AMX one.
+void BM_MatmulBF16(benchmark::State& state, int64_t n, int64_t k, bool amx) {
   const int64_t m = state.range(0);
+  const bool saved = amx_matmul();
+  set_amx_matmul(amx);
   const auto wf = random_floats(n * k, 1, 0.05f);
   std::vector<uint16_t> w(n * k);
   for (size_t i = 0; i < w.size(); ++i)
@@ -126,6 +129,7 @@ void BM_MatmulBF16(benchmark::State& state, int64_t n, int64_t k) {
     next = next + 1 == copies.size() ? 0 : next + 1;
     benchmark::ClobberMemory();
   }
+  set_amx_matmul(saved);
   const double bytes = copies[0].bytes() + 4.0 * m * (k + n);
   state.counters["GB/s"] =
       benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -244,20 +248,25 @@ void register_all() {
                          Shape{"gate_up_4096x768", 4096, 768}, Shape{"down_768x2048", 768, 2048},
                          Shape{"lm_head_32000x768", 32000, 768}}) {
     const int64_t n = s.n, k = s.k;
-    benchmark::RegisterBenchmark((std::string("BM_MatmulBF16/") + s.name).c_str(),
-                                 [n, k](benchmark::State& st) { BM_MatmulBF16(st, n, k); })
-        ->ArgName("m")
-        ->Arg(1)
-        ->Arg(5)
-        ->Arg(6)
-        ->Arg(8)
-        ->Arg(16)
-        ->Arg(32)
-        ->Arg(64)
-        ->Arg(96)
-        ->Arg(512)
-        ->Unit(benchmark::kMicrosecond)
-        ->UseRealTime();
+    // On a machine with AMX, BM_MatmulBF16 runs its path and BM_MatmulBF16FMA the other.
+    for (bool amx : {true, false}) {
+      if (!amx && !amx_matmul_available()) continue;
+      const std::string name = std::string(amx ? "BM_MatmulBF16/" : "BM_MatmulBF16FMA/") + s.name;
+      benchmark::RegisterBenchmark(
+          name.c_str(), [n, k, amx](benchmark::State& st) { BM_MatmulBF16(st, n, k, amx); })
+          ->ArgName("m")
+          ->Arg(1)
+          ->Arg(5)
+          ->Arg(6)
+          ->Arg(8)
+          ->Arg(16)
+          ->Arg(32)
+          ->Arg(64)
+          ->Arg(96)
+          ->Arg(512)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
   }
   benchmark::RegisterBenchmark("BM_PagedAttentionDecode", BM_PagedAttentionDecode)
       ->ArgNames({"batch", "ctx"})

@@ -71,6 +71,16 @@ void matmul(const float* x,  // [m, k]
             int64_t m,
             float* y);  // [m, n]
 
+// On a CPU with AMX, matmul over bf16 weights (k >= 32) takes the tile unit's bf16 dot
+// products, with x cut into three bf16 parts that sum to it exactly: every product is
+// exact, as in the fma path, and the sum is rounded in a different order (results agree
+// with matmul_reference to rounding, not bit for bit). Batch invariance and thread-count
+// invariance hold on both paths. amx_matmul(): whether matmul takes it now (available
+// and not turned off; the portable kernels never take it).
+bool amx_matmul_available();
+void set_amx_matmul(bool on);
+bool amx_matmul();
+
 // The same product straight from the unpacked weight, in the same summation order: the
 // reference the packed kernel is tested against (slow; tests and tools only).
 void matmul_reference(const float* x,  // [m, k]

@@ -18,6 +18,8 @@
 // row tiles, and threads take their work items as they finish.
 
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -768,6 +770,19 @@ class alignas(64) TileRange {
   std::atomic<uint64_t> v_{0};
 };
 
+// Thread `tid` of `nt` runs its own range from the front, then the others' from the back.
+template <class Run>
+void run_ranges(TileRange* ranges, int64_t nt, int64_t tid, Run&& run) {
+  int64_t item = 0;
+  while (ranges[tid].take_front(item))
+    run(item);
+  for (int64_t o = 1; o < nt; ++o) {
+    TileRange& other = ranges[(tid + o) % nt];
+    while (other.take_back(item))
+      run(item);
+  }
+}
+
 // One range per thread, kept by the calling thread between calls.
 TileRange* tile_ranges(int64_t threads) {
   thread_local std::vector<TileRange> ranges;
@@ -775,11 +790,277 @@ TileRange* tile_ranges(int64_t threads) {
   return ranges.data();
 }
 
+#if defined(PAGELLM_KERNELS_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
+    defined(__AVX512BF16__) && defined(__linux__)
+#define PAGELLM_MATMUL_AMX 1
+// bf16 weights on a CPU with AMX: the tile unit's bf16 dot products, with x cut into three
+// bf16 parts hi + mid + lo that sum to it exactly (8 significant bits each, 24 in all), so
+// that every product x[i, kk] * w[j, kk] is exact, as in the fma path; only the order and
+// rounding of the sum differ. A tile step adds, for each part, the products of 32 kk (16
+// pairs) into a float32 accumulator tile; the parts go smallest first. The kk from the
+// last multiple of 32 on are added by the fma tiles, from float32 x. Every row of a tile
+// is computed alone, by the same steps whatever m is, so results still do not depend on
+// m, on a row's place in the batch, or on the thread count.
+namespace amx {
+
+constexpr int64_t kChunk = 32;  // kk per tile step: 16 rows of 16 bf16 pairs
+constexpr int kRows = 16;       // rows per tile
+constexpr int kParts = 3;
+// Row tiles per work item when m is large: a group's panels (4 x 16 outputs) are read
+// from cache by every row tile of an item.
+constexpr int64_t kItemTiles = 12;
+// How far ahead of its tile loads each panel is prefetched by an item's first row tile.
+constexpr int64_t kPrefetchAhead = 2048;
+
+// The kernel lets a process use the tile registers once it asks (Linux 5.16 and later).
+bool permitted() {
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: accumulators of up to 4 panels; 4-6: x's parts lo, mid, hi; 7: one panel's
+// 32 kk of weights. All rows are 64 bytes; the x and accumulator tiles hold `rows` rows.
+void configure(int rows) {
+  thread_local int current = 0;
+  if (current == rows) return;
+  TileConfig c;
+  for (int t = 0; t < 7; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = static_cast<uint8_t>(rows);
+  }
+  c.colsb[7] = 64;
+  c.rows[7] = kRows;
+  _tile_loadconfig(&c);
+  current = rows;
+}
+
+// parts[p][i][0 .. k32) for rows i of x: hi = x rounded to bf16, mid = (x - hi) rounded,
+// lo = x - hi - mid (exact). A non-finite hi keeps x's value alone.
+void split_rows(const float* x, int64_t k, int64_t i0, int64_t i1, int64_t m, int64_t k32,
+                uint16_t* parts) {
+  for (int64_t i = i0; i < i1; ++i) {
+    uint16_t* hi = parts + (2 * m + i) * k32;
+    uint16_t* mid = parts + (m + i) * k32;
+    uint16_t* lo = parts + i * k32;
+    for (int64_t kk = 0; kk < k32; kk += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i * k + kk);
+      const __m256bh h = _mm512_cvtneps_pbh(v);
+      const __m512 hf = _mm512_cvtpbh_ps(h);
+      const __mmask16 finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(hf, 0x99));
+      const __m512 r1 = _mm512_maskz_sub_ps(finite, v, hf);
+      const __m256bh md = _mm512_cvtneps_pbh(r1);
+      const __m512 r2 = _mm512_sub_ps(r1, _mm512_cvtpbh_ps(md));
+      const __m256bh l = _mm512_cvtneps_pbh(r2);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + kk), reinterpret_cast<const __m256i&>(h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid + kk),
+                          reinterpret_cast<const __m256i&>(md));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + kk), reinterpret_cast<const __m256i&>(l));
+    }
+  }
+}
+
+// Accumulates P panels (w, `ws` elements apart) times the three parts of one row tile
+// (at lo, mid and hi, rows `lda` bytes apart) over `chunks` tile steps into tiles 0 .. P-1.
+template <int P, bool PF>
+void dot_chunks(const uint16_t* lo, const uint16_t* mid, const uint16_t* hi, int64_t lda,
+                const uint16_t* w, int64_t ws, int64_t chunks) {
+  _tile_zero(0);
+  if constexpr (P > 1) _tile_zero(1);
+  if constexpr (P > 2) _tile_zero(2);
+  if constexpr (P > 3) _tile_zero(3);
+  for (int64_t c = 0; c < chunks; ++c) {
+    _tile_loadd(4, lo + c * kChunk, lda);
+    _tile_loadd(5, mid + c * kChunk, lda);
+    _tile_loadd(6, hi + c * kChunk, lda);
+    const uint16_t* b = w + c * kChunk * kPanel;
+    if constexpr (PF) {
+      // Each panel's stream kPrefetchAhead bytes ahead of its tile loads; past the end of
+      // its panel, into the same panel of the next group (the item this thread most
+      // likely runs next), whose stream would otherwise start with a wait on memory.
+      const int64_t bytes = static_cast<int64_t>(sizeof(uint16_t)) * ws;
+      int64_t pos = static_cast<int64_t>(sizeof(uint16_t)) * c * kChunk * kPanel + kPrefetchAhead;
+      int64_t first = 0;
+      if (pos >= bytes) {
+        pos -= bytes;
+        first = P;
+      }
+      const char* base = reinterpret_cast<const char*>(w) + pos;
+      for (int p = 0; p < P; ++p) {
+        const char* ahead = base + (first + p) * bytes;
+        for (int line = 0; line < 16; ++line)
+          detail::prefetch_l1(ahead + 64 * line);
+      }
+    }
+    _tile_loadd(7, b, 64);
+    _tile_dpbf16ps(0, 4, 7);
+    _tile_dpbf16ps(0, 5, 7);
+    _tile_dpbf16ps(0, 6, 7);
+    if constexpr (P > 1) {
+      _tile_loadd(7, b + ws, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(1, 5, 7);
+      _tile_dpbf16ps(1, 6, 7);
+    }
+    if constexpr (P > 2) {
+      _tile_loadd(7, b + 2 * ws, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(2, 5, 7);
+      _tile_dpbf16ps(2, 6, 7);
+    }
+    if constexpr (P > 3) {
+      _tile_loadd(7, b + 3 * ws, 64);
+      _tile_dpbf16ps(3, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+      _tile_dpbf16ps(3, 6, 7);
+    }
+  }
+}
+
+// Stores tiles 0 .. P-1 as [rows][64] floats.
+template <int P>
+void store_acc(float* out) {
+  constexpr int64_t kStride = 4 * kPanel * sizeof(float);
+  _tile_stored(0, out, kStride);
+  if constexpr (P > 1) _tile_stored(1, out + kPanel, kStride);
+  if constexpr (P > 2) _tile_stored(2, out + 2 * kPanel, kStride);
+  if constexpr (P > 3) _tile_stored(3, out + 3 * kPanel, kStride);
+}
+
+// One row tile times P panels into out ([rows][64] floats); PF: prefetch the weights.
+template <int P, bool PF>
+void row_tile(const uint16_t* lo, const uint16_t* mid, const uint16_t* hi, int64_t lda,
+              const uint16_t* w, int64_t ws, int64_t chunks, float* out) {
+  dot_chunks<P, PF>(lo, mid, hi, lda, w, ws, chunks);
+  store_acc<P>(out);
+}
+
+struct Job {
+  const float* x;
+  const uint16_t* parts;  // [kParts][m][k32]
+  const uint16_t* packed;
+  const float* bias;
+  int64_t m, n, k, k32;
+  int64_t panels, groups, row_tiles, chunks_per_group;
+
+  // Item i: group i / chunks_per_group, row chunk i % chunks_per_group.
+  void run(int64_t item, float* y) const {
+    const int64_t g = item / chunks_per_group;
+    const int64_t chunk = item % chunks_per_group;
+    const int P = static_cast<int>(std::min<int64_t>(kTilePanels, panels - g * kTilePanels));
+    const int64_t col0 = g * kTilePanels * kPanel;
+    const int ncols = static_cast<int>(std::min<int64_t>(P * kPanel, n - col0));
+    const uint16_t* group = packed + col0 * k;
+    const int64_t t0 = balanced_start(row_tiles, chunks_per_group, chunk);
+    const int64_t t1 = balanced_start(row_tiles, chunks_per_group, chunk + 1);
+    alignas(64) float acc[kRows * kTilePanels * kPanel];
+    const __mmask16 last_mask = detail::tail_mask(ncols - kPanel * (P - 1));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int R = static_cast<int>(balanced(m, row_tiles, t));
+      const int64_t r0 = balanced_start(m, row_tiles, t);
+      configure(R);
+      const uint16_t* lo = parts + r0 * k32;
+      const int64_t lda = k32 * static_cast<int64_t>(sizeof(uint16_t));
+      const int64_t ws = k * kPanel;
+      const uint16_t* mid = lo + m * k32;
+      const uint16_t* hi = mid + m * k32;
+      const int64_t chunks = k32 / kChunk;
+      using Fn = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, int64_t,
+                          const uint16_t*, int64_t, int64_t, float*);
+      static constexpr Fn kFns[2][kTilePanels] = {
+          {&row_tile<1, false>, &row_tile<2, false>, &row_tile<3, false>, &row_tile<4, false>},
+          {&row_tile<1, true>, &row_tile<2, true>, &row_tile<3, true>, &row_tile<4, true>}};
+      kFns[t == t0 ? 1 : 0][P - 1](lo, mid, hi, lda, group, ws, chunks, acc);
+      // Into y, with the bias when no kk are left; else the fma tiles add the rest.
+      const bool done = k32 == k;
+      for (int r = 0; r < R; ++r) {
+        float* yr = y + (r0 + r) * n + col0;
+        for (int p = 0; p < P; ++p) {
+          const __mmask16 mask = p == P - 1 ? last_mask : static_cast<__mmask16>(0xffff);
+          __m512 v = _mm512_load_ps(acc + r * kTilePanels * kPanel + p * kPanel);
+          if (done && bias != nullptr)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + col0 + p * kPanel));
+          _mm512_mask_storeu_ps(yr + p * kPanel, mask, v);
+        }
+      }
+      if (done) continue;
+      for (int r = 0; r < R; r += kTileRows) {
+        const int rows = std::min(kTileRows, R - r);
+        const TileArgs<BF16W> a{x + (r0 + r) * k + k32,
+                                k,
+                                group + k32 * kPanel,
+                                ws,
+                                k - k32,
+                                false,
+                                true,
+                                bias != nullptr ? bias + col0 : nullptr,
+                                y + (r0 + r) * n + col0,
+                                n,
+                                ncols};
+        kTiles<BF16W>[0][P - 1][rows - 1](a);
+      }
+    }
+  }
+};
+
+std::atomic<bool> g_enabled{true};
+
+}  // namespace amx
+#endif  // AMX
+
+#if defined(PAGELLM_MATMUL_AMX)
+void matmul_amx(const float* x, const uint16_t* packed, const float* bias, int64_t m, int64_t n,
+                int64_t k, float* y) {
+  const int64_t k32 = k / amx::kChunk * amx::kChunk;
+  thread_local std::vector<uint16_t> scratch;
+  if (static_cast<int64_t>(scratch.size()) < amx::kParts * m * k32)
+    scratch.resize(amx::kParts * m * k32);
+  uint16_t* parts = scratch.data();
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int64_t row_tiles = (m + amx::kRows - 1) / amx::kRows;
+  const int64_t chunks = (row_tiles + amx::kItemTiles - 1) / amx::kItemTiles;
+  const int64_t groups = (panels + kTilePanels - 1) / kTilePanels;
+  const amx::Job job{x, parts, packed, bias, m, n, k, k32, panels, groups, row_tiles, chunks};
+  const int64_t items = groups * chunks;
+  const int64_t nt = std::min<int64_t>(items, omp_get_max_threads());
+  // Each thread starts on a contiguous range of items (of panels, when m is small: one
+  // stream of memory) and then takes items from the back of the others' ranges.
+  TileRange* ranges = tile_ranges(nt);
+  for (int64_t t = 0; t < nt; ++t)
+    ranges[t].reset(balanced_start(items, nt, t), balanced_start(items, nt, t + 1));
+#pragma omp parallel num_threads(static_cast <int>(nt)) if (nt > 1)
+  {
+    const int64_t tid = omp_get_thread_num();
+    const int64_t team = omp_get_num_threads();
+    amx::split_rows(x, k, balanced_start(m, team, tid), balanced_start(m, team, tid + 1), m, k32,
+                    parts);
+#pragma omp barrier
+    run_ranges(ranges, nt, tid, [&](int64_t item) { job.run(item, y); });
+  }
+}
+#endif
+
 template <class W>
 void matmul_typed(const float* x, const typename W::T* packed, const float* bias, int64_t m,
                   int64_t n, int64_t k, float* y) {
   const bool simd = detail::use_simd_or_avx2();
   const int64_t panels = (n + kPanel - 1) / kPanel;
+#if defined(PAGELLM_MATMUL_AMX)
+  if constexpr (std::is_same_v<W, BF16W>) {
+    if (simd && k >= amx::kChunk && amx_matmul()) return matmul_amx(x, packed, bias, m, n, k, y);
+  }
+#endif
   if (m <= kStreamRows || k == 0) {
     // Each thread starts on a contiguous range of tiles: one region of memory. Every
     // thread then drains all ranges, so they are done even if fewer threads run.
@@ -791,15 +1072,7 @@ void matmul_typed(const float* x, const typename W::T* packed, const float* bias
       ranges[t].reset(balanced_start(job.count, nt, t), balanced_start(job.count, nt, t + 1));
 #pragma omp parallel num_threads(static_cast <int>(nt)) if (nt > 1)
     {
-      const int64_t tid = omp_get_thread_num();
-      int64_t tile = 0;
-      while (ranges[tid].take_front(tile))
-        job.run(tile, y);
-      for (int64_t o = 1; o < nt; ++o) {
-        TileRange& other = ranges[(tid + o) % nt];
-        while (other.take_back(tile))
-          job.run(tile, y);
-      }
+      run_ranges(ranges, nt, omp_get_thread_num(), [&](int64_t tile) { job.run(tile, y); });
     }
     return;
   }
@@ -883,6 +1156,30 @@ PackedWeight::PackedWeight(const void* w, DType dtype, int64_t n, int64_t k)
       }
     }
   }
+}
+
+bool amx_matmul_available() {
+#if defined(PAGELLM_MATMUL_AMX)
+  return amx::permitted();
+#else
+  return false;
+#endif
+}
+
+void set_amx_matmul(bool on) {
+#if defined(PAGELLM_MATMUL_AMX)
+  amx::g_enabled.store(on, std::memory_order_relaxed);
+#else
+  (void)on;
+#endif
+}
+
+bool amx_matmul() {
+#if defined(PAGELLM_MATMUL_AMX)
+  return amx::g_enabled.load(std::memory_order_relaxed) && amx::permitted();
+#else
+  return false;
+#endif
 }
 
 void matmul(const float* x, const PackedWeight& w, const float* bias, int64_t m, float* y) {

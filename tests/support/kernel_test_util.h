@@ -97,6 +97,23 @@ class ScopedPortable {
   bool saved_;
 };
 
+// Turns matmul's AMX path on or off (see amx_matmul) for the scope; on changes nothing on
+// a machine without it.
+class ScopedAmx {
+ public:
+  explicit ScopedAmx(bool on) : saved_(amx_matmul()) { set_amx_matmul(on); }
+  ~ScopedAmx() { set_amx_matmul(saved_ || !amx_matmul_available()); }
+
+ private:
+  bool saved_;
+};
+
+// The matmul paths this machine has: the fma one, and AMX where there is one.
+inline std::vector<bool> matmul_amx_modes() {
+  if (amx_matmul_available()) return {false, true};
+  return {false};
+}
+
 inline const char* name(DType t) {
   return dtype_name(t);
 }

@@ -23,9 +23,11 @@ namespace pagellm::kernels::cpu {
 namespace {
 
 using testing::encode;
+using testing::matmul_amx_modes;
 using testing::poisoned;
 using testing::random_floats;
 using testing::rope_inv_freq;
+using testing::ScopedAmx;
 using testing::ScopedPortable;
 using testing::ScopedThreads;
 using testing::split_qkv;
@@ -67,7 +69,13 @@ std::vector<float> run_matmul(const MatmulData& d, const MatmulCase& c, int64_t 
   return y;
 }
 
+std::string path_name(bool amx) {
+  return amx ? "AMX" : "fma";
+}
+
+// The fma path (the only one for float32 and float16 weights).
 TEST(CpuMatmul, PackedEqualsReferenceBitForBit) {
+  ScopedAmx fma(false);
   std::vector<MatmulCase> cases;
   for (DType t : kAllTypes)
     for (int64_t m : {1, 2, 5, 6, 7, 8, 13, 16, 31, 32, 33, 37, 100})
@@ -108,93 +116,163 @@ TEST(CpuMatmul, PackedEqualsReferenceBitForBit) {
   }
 }
 
-TEST(CpuMatmul, ReferenceIsCloseToExactProduct) {
-  // y[i, j] is a float32 fma chain over k terms: its error is below k * 2^-24 * sum |x w|
-  // (standard bound for recursive summation), plus the rounding of the bias add.
-  for (DType t : kAllTypes) {
-    const MatmulCase c{9, 37, 301, t, true};
-    SCOPED_TRACE(describe(c));
-    const MatmulData d = make_matmul(c, 11);
-    std::vector<float> y = run_matmul(d, c, c.m, d.x.data());
-    for (int64_t i = 0; i < c.m; ++i) {
-      for (int64_t j = 0; j < c.n; ++j) {
-        double exact = d.bias[j], magnitude = std::abs(d.bias[j]);
-        for (int64_t kk = 0; kk < c.k; ++kk) {
-          const double p = double(d.x[i * c.k + kk]) * load_f32(d.w.data(), t, j * c.k + kk);
-          exact += p;
-          magnitude += std::abs(p);
-        }
-        EXPECT_NEAR(y[i * c.n + j], exact, (c.k + 1) * 0x1p-24 * magnitude + 1e-30);
+// y[i, j] is a float32 sum of exact products over k terms: its error is below
+// k * 2^-24 * sum |x w| (standard bound for recursive summation), plus the rounding of the
+// bias add. The AMX path sums the same exact products in another order.
+// `tight`: a smaller bound, in units of 2^-24 * sum |x w|.
+void expect_close_to_exact_product(const MatmulCase& c, uint32_t seed, double tight = 1e30) {
+  SCOPED_TRACE(describe(c));
+  const DType t = c.t;
+  const MatmulData d = make_matmul(c, seed);
+  std::vector<float> y = run_matmul(d, c, c.m, d.x.data());
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double exact = c.bias ? d.bias[j] : 0.0, magnitude = std::abs(exact);
+      for (int64_t kk = 0; kk < c.k; ++kk) {
+        const double p = double(d.x[i * c.k + kk]) * load_f32(d.w.data(), t, j * c.k + kk);
+        exact += p;
+        magnitude += std::abs(p);
       }
+      ASSERT_NEAR(y[i * c.n + j], exact, (c.k + 1) * 0x1p-24 * magnitude + 1e-30)
+          << "row " << i << " column " << j;
+      EXPECT_LE(std::abs(y[i * c.n + j] - exact), tight * 0x1p-24 * magnitude + 1e-30)
+          << "row " << i << " column " << j;
     }
   }
 }
 
-// 101 rows take the float32-copy path, 96 rows or fewer the streaming one.
-TEST(CpuMatmul, RowAloneEqualsRowInBatchOf101) {
-  for (DType t : kAllTypes) {
-    const MatmulCase c{101, 200, 768, t, true};
-    SCOPED_TRACE(describe(c));
-    const MatmulData d = make_matmul(c, 21);
-    const std::vector<float> batch = run_matmul(d, c, c.m, d.x.data());
-    for (int64_t i = 0; i < c.m; ++i) {
-      const std::vector<float> alone = run_matmul(d, c, 1, d.x.data() + i * c.k);
-      EXPECT_BITWISE_EQ(alone.data(), batch.data() + i * c.n, c.n, "row " + std::to_string(i));
-    }
-    // Every split of the batch into chunks gives the same rows.
-    for (int64_t chunk : {2, 5, 6, 7, 8, 16, 32, 33, 96, 97}) {
-      for (int64_t r0 = 0; r0 < c.m; r0 += chunk) {
-        const int64_t rows = std::min(chunk, c.m - r0);
-        const std::vector<float> part = run_matmul(d, c, rows, d.x.data() + r0 * c.k);
-        EXPECT_BITWISE_EQ(part.data(), batch.data() + r0 * c.n, rows * c.n,
-                          "chunk " + std::to_string(chunk) + " at " + std::to_string(r0));
-      }
-    }
+TEST(CpuMatmul, ReferenceIsCloseToExactProduct) {
+  for (bool amx : matmul_amx_modes()) {
+    SCOPED_TRACE(path_name(amx));
+    ScopedAmx path(amx);
+    for (DType t : kAllTypes)
+      expect_close_to_exact_product({9, 37, 301, t, true}, 11);
   }
+}
+
+// Shapes at the AMX path's edges: row tiles of 1 to 16 rows and more than one, k below,
+// at and past a multiple of 32 (the rest taken by the fma tiles), odd k, partial panels
+// and groups, and a row chunk boundary (12 tiles of 16 rows). Beside the worst-case bound,
+// each error is within 16 x 2^-24 x sum |x w| (both paths stay below 5 on these inputs; x
+// cut into two parts, 16 of its 24 bits, is far outside).
+TEST(CpuMatmul, AmxPathIsCloseToExactProduct) {
+  if (!amx_matmul_available()) GTEST_SKIP() << "no AMX on this machine";
+  ScopedAmx amx(true);
+  uint32_t seed = 100;
+  for (int64_t m : {1, 2, 15, 16, 17, 33, 100, 193, 250})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 31},
+                        {16, 32},
+                        {17, 33},
+                        {64, 64},
+                        {65, 95},
+                        {130, 768},
+                        {200, 1031}})
+      expect_close_to_exact_product({m, n, k, DType::kBF16, (m + n) % 2 == 0}, seed += 3, 16);
+
+}
+
+// Non-finite x: an infinite x[i, kk] gives what the fma path gives (inf or NaN), not a NaN
+// made by splitting it.
+TEST(CpuMatmul, AmxPathKeepsNonFiniteInputs) {
+  if (!amx_matmul_available()) GTEST_SKIP() << "no AMX on this machine";
+  const MatmulCase c{3, 20, 64, DType::kBF16, false};
+  MatmulData d = make_matmul(c, 7);
+  d.x[1 * c.k + 5] = std::numeric_limits<float>::infinity();
+  d.x[2 * c.k + 40] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> fma_y, amx_y;
+  {
+    ScopedAmx off(false);
+    fma_y = run_matmul(d, c, c.m, d.x.data());
+  }
+  {
+    ScopedAmx on(true);
+    amx_y = run_matmul(d, c, c.m, d.x.data());
+  }
+  for (int64_t j = 0; j < c.n; ++j) {
+    EXPECT_TRUE(std::isfinite(amx_y[j])) << j;
+    EXPECT_EQ(std::isinf(amx_y[c.n + j]), std::isinf(fma_y[c.n + j])) << j;
+    EXPECT_EQ(std::signbit(amx_y[c.n + j]), std::signbit(fma_y[c.n + j])) << j;
+    EXPECT_TRUE(std::isnan(amx_y[2 * c.n + j])) << j;
+  }
+}
+
+// 101 rows take the float32-copy path, 96 rows or fewer the streaming one; on the AMX
+// path, row tiles of 1 to 16 rows. k = 781 leaves 13 kk to the fma tiles there.
+TEST(CpuMatmul, RowAloneEqualsRowInBatchOf101) {
+  for (bool amx : matmul_amx_modes())
+    for (DType t : kAllTypes)
+      for (int64_t k : {768, 781}) {
+        ScopedAmx path(amx);
+        const MatmulCase c{101, 200, k, t, true};
+        SCOPED_TRACE(describe(c) + " " + path_name(amx));
+        const MatmulData d = make_matmul(c, 21);
+        const std::vector<float> batch = run_matmul(d, c, c.m, d.x.data());
+        for (int64_t i = 0; i < c.m; ++i) {
+          const std::vector<float> alone = run_matmul(d, c, 1, d.x.data() + i * c.k);
+          EXPECT_BITWISE_EQ(alone.data(), batch.data() + i * c.n, c.n, "row " + std::to_string(i));
+        }
+        // Every split of the batch into chunks gives the same rows.
+        for (int64_t chunk : {2, 5, 6, 7, 8, 16, 32, 33, 96, 97}) {
+          for (int64_t r0 = 0; r0 < c.m; r0 += chunk) {
+            const int64_t rows = std::min(chunk, c.m - r0);
+            const std::vector<float> part = run_matmul(d, c, rows, d.x.data() + r0 * c.k);
+            EXPECT_BITWISE_EQ(part.data(), batch.data() + r0 * c.n, rows * c.n,
+                              "chunk " + std::to_string(chunk) + " at " + std::to_string(r0));
+          }
+        }
+      }
 }
 
 TEST(CpuMatmul, ThreadCountDoesNotChangeResults) {
-  for (int64_t m : {1, 8, 37, 150}) {
-    const MatmulCase c{m, 333, 517, DType::kBF16, true};
-    SCOPED_TRACE(describe(c));
-    const MatmulData d = make_matmul(c, 31);
-    std::vector<float> y1, y2;
-    {
-      ScopedThreads one(1);
-      y1 = run_matmul(d, c, m, d.x.data());
+  for (bool amx : matmul_amx_modes())
+    for (int64_t m : {1, 8, 37, 150, 400}) {
+      ScopedAmx path(amx);
+      const MatmulCase c{m, 333, 517, DType::kBF16, true};
+      SCOPED_TRACE(describe(c) + " " + path_name(amx));
+      const MatmulData d = make_matmul(c, 31);
+      std::vector<float> y1, y2;
+      {
+        ScopedThreads one(1);
+        y1 = run_matmul(d, c, m, d.x.data());
+      }
+      {
+        ScopedThreads two(2);
+        y2 = run_matmul(d, c, m, d.x.data());
+      }
+      {
+        ScopedThreads three(3);
+        const std::vector<float> y3 = run_matmul(d, c, m, d.x.data());
+        EXPECT_BITWISE_EQ(y3.data(), y1.data(), m * c.n, "3 threads vs 1");
+      }
+      EXPECT_BITWISE_EQ(y2.data(), y1.data(), m * c.n, "2 threads vs 1");
     }
-    {
-      ScopedThreads two(2);
-      y2 = run_matmul(d, c, m, d.x.data());
-    }
-    {
-      ScopedThreads three(3);
-      const std::vector<float> y3 = run_matmul(d, c, m, d.x.data());
-      EXPECT_BITWISE_EQ(y3.data(), y1.data(), m * c.n, "3 threads vs 1");
-    }
-    EXPECT_BITWISE_EQ(y2.data(), y1.data(), m * c.n, "2 threads vs 1");
-  }
 }
 
 // A call from inside a parallel region gets one thread although it plans for several:
 // that thread must take every planned thread's share. Two callers run at once, each with
 // its own share bookkeeping.
 TEST(CpuMatmul, CallsFromInsideAParallelRegionComputeEveryOutput) {
-  for (int64_t m : {1, 8, 37}) {
-    const MatmulCase c{m, 333, 517, DType::kBF16, true};
-    SCOPED_TRACE(describe(c));
-    const MatmulData d = make_matmul(c, 41);
-    std::vector<float> ref(m * c.n);
-    matmul_reference(d.x.data(), d.w.data(), c.t, d.bias.data(), m, c.n, c.k, ref.data());
-    ScopedThreads four(4);
-    std::vector<std::vector<float>> ys(2);
+  for (bool amx : matmul_amx_modes())
+    for (int64_t m : {1, 8, 37}) {
+      ScopedAmx path(amx);
+      const MatmulCase c{m, 333, 517, DType::kBF16, true};
+      SCOPED_TRACE(describe(c) + " " + path_name(amx));
+      const MatmulData d = make_matmul(c, 41);
+      // The AMX path's own result from a call on its own; the reference's on the fma path.
+      std::vector<float> ref(m * c.n);
+      if (amx)
+        ref = run_matmul(d, c, m, d.x.data());
+      else
+        matmul_reference(d.x.data(), d.w.data(), c.t, d.bias.data(), m, c.n, c.k, ref.data());
+      ScopedThreads four(4);
+      std::vector<std::vector<float>> ys(2);
 #pragma omp parallel num_threads(2)
-    ys[omp_get_thread_num()] = run_matmul(d, c, m, d.x.data());
-    for (const std::vector<float>& y : ys) {
-      if (y.empty()) continue;  // the runtime ran fewer callers
-      EXPECT_BITWISE_EQ(y.data(), ref.data(), m * c.n, "nested call vs reference");
+      ys[omp_get_thread_num()] = run_matmul(d, c, m, d.x.data());
+      for (const std::vector<float>& y : ys) {
+        if (y.empty()) continue;  // the runtime ran fewer callers
+        EXPECT_BITWISE_EQ(y.data(), ref.data(), m * c.n, "nested call vs reference");
+      }
     }
-  }
 }
 
 TEST(CpuMatmul, PackedWeightShape) {
