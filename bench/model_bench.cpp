@@ -10,13 +10,14 @@
 //   pagellm_model_bench [--model DIR] [--batches 1,8,16,32] [--context 128]
 //                       [--steps 32] [--prefill 512 (0: none)] [--json FILE]
 //                       [--backend cpu|cuda] [--shape llama3-8b] [--no-graphs]
-//                       [--sampling greedy|top-p|penalized]
+//                       [--sampling greedy|top-p|penalized] [--cpu-matmul auto|amx|fma]
 // Without --model, the `bench` demo model is written under models/bench (once).
 // --sampling: how each decode step picks its tokens, on the backend as the engine has it
 // do: greedy (the argmax), top-p (temperature 0.8, top_p 0.95, a random draw per row) or
 // penalized (top-p after repetition 1.1 and frequency 0.2 penalties, from an engine
 // Sampler per sequence that has seen its prompt and the tokens drawn; the sequences are
 // fed random tokens, so the lists grow as they would).
+// --cpu-matmul: the CPU's bf16 matmul path, as `pagellm serve --cpu-matmul` takes it.
 // --backend cuda runs on the GPU (builds with CUDA), measuring the GPU's copy
 // bandwidth; --shape llama3-8b there builds a model of Llama 3 8B's shape with random
 // bf16 weights on the device instead of loading one.
@@ -59,13 +60,15 @@ struct Options {
   std::string shape;  // a random model of a known shape (CUDA)
   bool graphs = true;
   std::string sampling = "greedy";
+  std::string cpu_matmul = "auto";
 };
 
 constexpr const char* kUsage =
     "usage: pagellm_model_bench [--model DIR] [--batches 1,8,16,32] [--context 128]\n"
     "                           [--steps 32] [--prefill 512 (0: none)] [--json FILE]\n"
     "                           [--backend cpu|cuda] [--shape llama3-8b] [--no-graphs]\n"
-    "                           [--sampling greedy|top-p|penalized]\n";
+    "                           [--sampling greedy|top-p|penalized]\n"
+    "                           [--cpu-matmul auto|amx|fma]\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -98,6 +101,8 @@ Options parse(int argc, char** argv) {
       if (o.sampling != "greedy" && o.sampling != "top-p" && o.sampling != "penalized") {
         throw std::runtime_error("--sampling must be greedy, top-p or penalized");
       }
+    } else if (arg == "--cpu-matmul") {
+      o.cpu_matmul = value();
     } else if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -150,6 +155,7 @@ Loaded load(const Options& opt, int max_batch, int max_tokens) {
     l.name = bench::bench_model_dir(opt.model).string();
     l.copy = std::make_unique<bench::CopyBandwidth>();
     l.bandwidth_gbs = l.copy->measure();
+    engine::select_cpu_matmul(opt.cpu_matmul);
     l.backend = engine::make_cpu_backend(engine::LlamaModel::load(l.name));
     return l;
   }

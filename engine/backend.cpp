@@ -25,7 +25,8 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   std::string device_description() const override {
-    return std::to_string(omp_get_max_threads()) + " CPU threads";
+    return std::to_string(omp_get_max_threads()) + " CPU threads, " +
+           (kernels::cpu::amx_matmul() ? "AMX" : "fma") + " matmul";
   }
   const ModelConfig& config() const override { return model_->config(); }
   int64_t weight_bytes_per_step() const override { return model_->weight_bytes_per_step(); }
@@ -100,6 +101,20 @@ bool cuda_device_available() {
 #endif
 }
 
+void check_cpu_matmul(const std::string& matmul) {
+  if (matmul != "auto" && matmul != "amx" && matmul != "fma") {
+    throw ConfigError("unknown CPU matmul '" + matmul + "' (auto, amx or fma)");
+  }
+  if (matmul == "amx" && !kernels::cpu::amx_matmul_available()) {
+    throw ConfigError("CPU matmul amx: this CPU, its kernel or this build has no AMX");
+  }
+}
+
+void select_cpu_matmul(const std::string& matmul) {
+  check_cpu_matmul(matmul);
+  kernels::cpu::set_amx_matmul(matmul != "fma");
+}
+
 std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
                                       const BackendOptions& options) {
   const std::string& kind = options.kind;
@@ -112,11 +127,13 @@ std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
   if (kind == "cuda" && !cuda_device_available()) {
     throw ConfigError("backend cuda: no usable CUDA device (driver or GPU missing)");
   }
+  check_cpu_matmul(options.cpu_matmul);
 #if PAGELLM_HAVE_CUDA
   if (kind == "cuda" || (kind == "auto" && cuda_device_available())) {
     return make_cuda_backend(model_dir, options);
   }
 #endif
+  select_cpu_matmul(options.cpu_matmul);
   return make_cpu_backend(LlamaModel::load(model_dir));
 }
 

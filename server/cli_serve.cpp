@@ -44,6 +44,9 @@ constexpr const char* kUsage =
     "  --port N                    port (default 8000; 0 picks a free one)\n"
     "  --backend auto|cpu|cuda     compute backend (default auto: CUDA when this build\n"
     "                              has it and a GPU is present, else the CPU)\n"
+    "  --cpu-matmul auto|amx|fma   CPU bf16 matmul (default auto: AMX where the CPU has\n"
+    "                              it, faster for batches and prompts; fma: faster for a\n"
+    "                              single sequence's decode)\n"
     "  --num-kv-blocks N           KV cache size in 16-token blocks, or\n"
     "  --kv-cache-bytes B          KV cache size in bytes (default on the CPU: 1 GiB, or\n"
     "                              less when max-num-seqs full contexts need less; on a\n"
@@ -73,6 +76,7 @@ const std::vector<std::string> kOptions = {"--model",
                                            "--host",
                                            "--port",
                                            "--backend",
+                                           "--cpu-matmul",
                                            "--num-kv-blocks",
                                            "--kv-cache-bytes",
                                            "--gpu-memory-utilization",
@@ -93,6 +97,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string backend = "auto";
+  std::string cpu_matmul = "auto";
   std::optional<int64_t> num_kv_blocks;
   std::optional<int64_t> kv_cache_bytes;
   double gpu_memory_utilization = 0.9;
@@ -174,6 +179,12 @@ ServeOptions parse_options(const ArgReader& reader) {
   if (auto v = get("--host")) o.host = *v;
   if (auto v = get("--port")) o.port = static_cast<int>(parse_int("--port", *v, 0, 65535));
   if (auto v = get("--backend")) o.backend = *v;
+  if (auto v = get("--cpu-matmul")) {
+    if (*v != "auto" && *v != "amx" && *v != "fma") {
+      throw UsageError("--cpu-matmul must be auto, amx or fma, not '" + *v + "'");
+    }
+    o.cpu_matmul = *v;
+  }
   if (auto v = get("--num-kv-blocks"))
     o.num_kv_blocks = parse_int("--num-kv-blocks", *v, 1, kInt32Max);
   if (auto v = get("--kv-cache-bytes")) {
@@ -314,6 +325,7 @@ int run_serve(Args args) {
         std::make_shared<const engine::Tokenizer>(engine::Tokenizer::from_dir(model_dir));
     engine::BackendOptions backend_options;
     backend_options.kind = o.backend;
+    backend_options.cpu_matmul = o.cpu_matmul;
     backend_options.max_num_seqs = o.max_num_seqs;
     backend_options.max_num_batched_tokens = o.max_num_batched_tokens;
     backend_options.max_model_len = o.max_model_len;

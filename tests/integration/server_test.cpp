@@ -22,6 +22,7 @@
 
 #include "engine/backend.h"
 #include "engine/demo_model.h"
+#include "kernels/cpu/kernels.h"
 #include "support/server_process.h"
 #include "support/temp_model.h"
 #include "support/test_data.h"
@@ -1118,17 +1119,32 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
   ASSERT_EQ(std::system(command.c_str()), 0);
   const std::string help = test::read_text_file(out);
   std::filesystem::remove(out);
-  for (const char* flag :
-       {"--model", "--config", "--host", "--port", "--num-kv-blocks", "--kv-cache-bytes",
-        "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--max-waiting",
-        "--api-key", "--served-model-name", "--chat-template", "--generation-config", "--log-level",
-        "--shutdown-timeout", "--backend", "--scheduling-policy", "--gpu-memory-utilization"}) {
+  for (const char* flag : {"--model",
+                           "--config",
+                           "--host",
+                           "--port",
+                           "--num-kv-blocks",
+                           "--kv-cache-bytes",
+                           "--max-num-seqs",
+                           "--max-num-batched-tokens",
+                           "--max-model-len",
+                           "--max-waiting",
+                           "--api-key",
+                           "--served-model-name",
+                           "--chat-template",
+                           "--generation-config",
+                           "--log-level",
+                           "--shutdown-timeout",
+                           "--backend",
+                           "--scheduling-policy",
+                           "--gpu-memory-utilization",
+                           "--cpu-matmul"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
   for (const char* args : {"--backend tpu", "--port x", "--config /nonexistent.json",
                            "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
                            "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x",
-                           "--generation-config vllm", "--max-waiting 0"}) {
+                           "--generation-config vllm", "--max-waiting 0", "--cpu-matmul avx"}) {
     const std::string bad = std::string("'") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
     const int status = std::system(bad.c_str());
     EXPECT_EQ(WEXITSTATUS(status), 2) << args;
@@ -1155,6 +1171,32 @@ TEST(ServeCli, KvPoolLogUsesTheServedContextAndTinyBudgetsAreRefused) {
   std::filesystem::remove(log);
   EXPECT_EQ(WEXITSTATUS(status), 1) << text;
   EXPECT_NE(text.find("--kv-cache-bytes 100 holds no KV block"), std::string::npos) << text;
+}
+
+// --cpu-matmul chooses the CPU matmul the start-up log names; amx on a machine without AMX
+// is a start-up error that says so.
+TEST(ServeCli, CpuMatmulIsChosenAndNamedInTheLog) {
+  {
+    ServerProcess server({"--cpu-matmul", "fma"});
+    ASSERT_GT(server.port(), 0) << server.log();
+    EXPECT_NE(server.log().find("fma matmul"), std::string::npos) << server.log();
+  }
+  if (kernels::cpu::amx_matmul_available()) {
+    ServerProcess server({"--cpu-matmul", "amx"});
+    ASSERT_GT(server.port(), 0) << server.log();
+    EXPECT_NE(server.log().find("AMX matmul"), std::string::npos) << server.log();
+    return;
+  }
+  const std::string log =
+      std::filesystem::temp_directory_path() / ("pagellm_serve_amx_" + std::to_string(getpid()));
+  const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
+                              test::tiny_demo_model().string() + "' --cpu-matmul amx > '" + log +
+                              "' 2>&1";
+  const int status = std::system(command.c_str());
+  const std::string text = test::read_text_file(log);
+  std::filesystem::remove(log);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  EXPECT_NE(text.find("has no AMX"), std::string::npos) << text;
 }
 
 // --backend cuda where it cannot run: a usage error in a build without CUDA, a start-up
