@@ -809,6 +809,9 @@ constexpr int kParts = 3;
 // Row tiles per work item when m is large: a group's panels (4 x 16 outputs) are read
 // from cache by every row tile of an item.
 constexpr int64_t kItemTiles = 12;
+// ... and at most about this many bytes of x's parts, which stay in L2 while the item's
+// thread runs the chunk's items for one group after another.
+constexpr int64_t kItemPartsBytes = int64_t{1} << 20;
 // How far ahead of its tile loads each panel is prefetched by an item's first row tile.
 constexpr int64_t kPrefetchAhead = 2048;
 
@@ -954,10 +957,11 @@ struct Job {
   int64_t m, n, k, k32;
   int64_t panels, groups, row_tiles, chunks_per_group;
 
-  // Item i: group i / chunks_per_group, row chunk i % chunks_per_group.
+  // Item i: row chunk i / groups, group i % groups. A thread runs consecutive items: one
+  // chunk of rows (its parts in L2) against group after group of panels.
   void run(int64_t item, float* y) const {
-    const int64_t g = item / chunks_per_group;
-    const int64_t chunk = item % chunks_per_group;
+    const int64_t g = item % groups;
+    const int64_t chunk = item / groups;
     const int P = static_cast<int>(std::min<int64_t>(kTilePanels, panels - g * kTilePanels));
     const int64_t col0 = g * kTilePanels * kPanel;
     const int ncols = static_cast<int>(std::min<int64_t>(P * kPanel, n - col0));
@@ -1029,7 +1033,10 @@ void matmul_amx(const float* x, const uint16_t* packed, const float* bias, int64
   uint16_t* parts = scratch.data();
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int64_t row_tiles = (m + amx::kRows - 1) / amx::kRows;
-  const int64_t chunks = (row_tiles + amx::kItemTiles - 1) / amx::kItemTiles;
+  const int64_t item_tiles = std::clamp<int64_t>(
+      amx::kItemPartsBytes / (amx::kRows * amx::kParts * k32 * sizeof(uint16_t)), 1,
+      amx::kItemTiles);
+  const int64_t chunks = (row_tiles + item_tiles - 1) / item_tiles;
   const int64_t groups = (panels + kTilePanels - 1) / kTilePanels;
   const amx::Job job{x, parts, packed, bias, m, n, k, k32, panels, groups, row_tiles, chunks};
   const int64_t items = groups * chunks;
