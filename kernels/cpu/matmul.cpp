@@ -812,6 +812,8 @@ constexpr int64_t kItemTiles = 12;
 // ... and at most about this many bytes of x's parts, which stay in L2 while the item's
 // thread runs the chunk's items for one group after another.
 constexpr int64_t kItemPartsBytes = int64_t{1} << 20;
+// Most rows of one call's split of x (longer ones run as several).
+constexpr int64_t kMaxRows = 512;
 // How far ahead of its tile loads each panel is prefetched by an item's first row tile.
 constexpr int64_t kPrefetchAhead = 2048;
 
@@ -1026,6 +1028,13 @@ std::atomic<bool> g_enabled{true};
 #if defined(PAGELLM_MATMUL_AMX)
 void matmul_amx(const float* x, const uint16_t* packed, const float* bias, int64_t m, int64_t n,
                 int64_t k, float* y) {
+  // Rows are computed alone: a long prompt runs as blocks of rows, which keeps the parts'
+  // scratch (6 bytes per element of x) to a few tens of MB even at k = 14336.
+  if (m > amx::kMaxRows) {
+    for (int64_t r0 = 0; r0 < m; r0 += amx::kMaxRows)
+      matmul_amx(x + r0 * k, packed, bias, std::min(amx::kMaxRows, m - r0), n, k, y + r0 * n);
+    return;
+  }
   const int64_t k32 = k / amx::kChunk * amx::kChunk;
   thread_local std::vector<uint16_t> scratch;
   if (static_cast<int64_t>(scratch.size()) < amx::kParts * m * k32)

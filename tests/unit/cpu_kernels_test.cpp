@@ -168,7 +168,21 @@ TEST(CpuMatmul, AmxPathIsCloseToExactProduct) {
                         {130, 768},
                         {200, 1031}})
       expect_close_to_exact_product({m, n, k, DType::kBF16, (m + n) % 2 == 0}, seed += 3, 16);
+}
 
+// More rows than one split of x holds (512) run as blocks of rows, with the same results.
+TEST(CpuMatmul, AmxPathRunsLongBatchesAsBlocksOfRows) {
+  if (!amx_matmul_available()) GTEST_SKIP() << "no AMX on this machine";
+  ScopedAmx amx(true);
+  const MatmulCase c{1100, 40, 96, DType::kBF16, true};
+  expect_close_to_exact_product(c, 5, 16);
+  const MatmulData d = make_matmul(c, 5);
+  const std::vector<float> batch = run_matmul(d, c, c.m, d.x.data());
+  for (int64_t r0 : {0, 500, 1000}) {
+    const std::vector<float> part = run_matmul(d, c, 100, d.x.data() + r0 * c.k);
+    EXPECT_BITWISE_EQ(part.data(), batch.data() + r0 * c.n, 100 * c.n,
+                      "rows from " + std::to_string(r0));
+  }
 }
 
 // Non-finite x: an infinite x[i, kk] gives what the fma path gives (inf or NaN), not a NaN
