@@ -133,7 +133,9 @@ std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
     return make_cuda_backend(model_dir, options);
   }
 #endif
-  select_cpu_matmul(options.cpu_matmul);
+  // One sequence at a time decodes one row per step, where the fma path is the faster.
+  select_cpu_matmul(options.cpu_matmul == "auto" && options.max_num_seqs == 1 ? "fma"
+                                                                              : options.cpu_matmul);
   return make_cpu_backend(LlamaModel::load(model_dir));
 }
 

@@ -68,8 +68,9 @@ struct BackendOptions {
   // backend's arithmetic, for checking one against the other).
   bool float32_compute = false;
   // CPU: the bf16 matmul's path. auto: AMX where the CPU has it (much faster from a few
-  // rows on; about a sixth slower for a single sequence's decode), else the fma one; amx
-  // (refused without AMX) or fma. Both keep every result independent of the batch.
+  // rows on; about a sixth slower for a single sequence's decode), unless max_num_seqs is
+  // 1, else the fma one; amx (refused without AMX) or fma. Both keep every result
+  // independent of the batch.
   std::string cpu_matmul = "auto";
 };
 

@@ -1173,13 +1173,26 @@ TEST(ServeCli, KvPoolLogUsesTheServedContextAndTinyBudgetsAreRefused) {
   EXPECT_NE(text.find("--kv-cache-bytes 100 holds no KV block"), std::string::npos) << text;
 }
 
-// --cpu-matmul chooses the CPU matmul the start-up log names; amx on a machine without AMX
-// is a start-up error that says so.
+// --cpu-matmul chooses the CPU matmul the start-up log names (auto: AMX where the machine
+// has it, unless one sequence runs at a time); amx on a machine without AMX is a start-up
+// error that says so.
 TEST(ServeCli, CpuMatmulIsChosenAndNamedInTheLog) {
   {
     ServerProcess server({"--cpu-matmul", "fma"});
     ASSERT_GT(server.port(), 0) << server.log();
     EXPECT_NE(server.log().find("fma matmul"), std::string::npos) << server.log();
+  }
+  {
+    // One sequence at a time: auto takes the path that decodes one row faster.
+    ServerProcess server({"--max-num-seqs", "1"});
+    ASSERT_GT(server.port(), 0) << server.log();
+    EXPECT_NE(server.log().find("fma matmul"), std::string::npos) << server.log();
+  }
+  {
+    ServerProcess server(std::vector<std::string>{});
+    ASSERT_GT(server.port(), 0) << server.log();
+    const char* expected = kernels::cpu::amx_matmul_available() ? "AMX matmul" : "fma matmul";
+    EXPECT_NE(server.log().find(expected), std::string::npos) << server.log();
   }
   if (kernels::cpu::amx_matmul_available()) {
     ServerProcess server({"--cpu-matmul", "amx"});
