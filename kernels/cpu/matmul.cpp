@@ -796,11 +796,13 @@ TileRange* tile_ranges(int64_t threads) {
 // bf16 weights on a CPU with AMX: the tile unit's bf16 dot products, with x cut into three
 // bf16 parts hi + mid + lo that sum to it exactly (8 significant bits each, 24 in all), so
 // that every product x[i, kk] * w[j, kk] is exact, as in the fma path; only the order and
-// rounding of the sum differ. A tile step adds, for each part, the products of 32 kk (16
-// pairs) into a float32 accumulator tile; the parts go smallest first. The kk from the
-// last multiple of 32 on are added by the fma tiles, from float32 x. Every row of a tile
-// is computed alone, by the same steps whatever m is, so results still do not depend on
-// m, on a row's place in the batch, or on the thread count.
+// rounding of the sum differ. One exception, far below anything a model computes: the
+// tile unit reads subnormal inputs as zero and flushes subnormal results, so parts (or
+// bf16 weights) under 2^-126 in magnitude, and products under it, count as zero. A tile step adds,
+// for each part, the products of 32 kk (16 pairs) into a float32 accumulator tile; the parts go
+// smallest first. The kk from the last multiple of 32 on are added by the fma tiles, from float32
+// x. Every row of a tile is computed alone, by the same steps whatever m is, so results still do
+// not depend on m, on a row's place in the batch, or on the thread count.
 namespace amx {
 
 constexpr int64_t kChunk = 32;  // kk per tile step: 16 rows of 16 bf16 pairs
@@ -837,8 +839,12 @@ struct alignas(64) TileConfig {
 
 // Tiles 0-3: accumulators of up to 4 panels; 4-6: x's parts lo, mid, hi; 7: one panel's
 // 32 kk of weights. All rows are 64 bytes; the x and accumulator tiles hold `rows` rows.
+// The configuration this thread has loaded (0: none). A call owns the tile state from its
+// first configure to its release: nothing else may use the tiles in between.
+thread_local int g_configured = 0;
+
 void configure(int rows) {
-  thread_local int current = 0;
+  int& current = g_configured;
   if (current == rows) return;
   TileConfig c;
   for (int t = 0; t < 7; ++t) {
@@ -851,8 +857,19 @@ void configure(int rows) {
   current = rows;
 }
 
-// parts[p][i][0 .. k32) for rows i of x: hi = x rounded to bf16, mid = (x - hi) rounded,
-// lo = x - hi - mid (exact). A non-finite hi keeps x's value alone.
+// Ends a call's use of the tiles: the state is released (a thread that holds it costs
+// every context switch 8 KiB more to save), and the next call configures afresh.
+void release() {
+  if (g_configured == 0) return;
+  _tile_release();
+  g_configured = 0;
+}
+
+// parts[p][i][0 .. k32) for rows i of x: hi = x cut to its top 8 significant bits (the
+// bf16 it starts with), mid = the top 8 of x - hi, lo = x - hi - mid. Each cut and each
+// difference is exact (a truncation never rounds up, so hi cannot overflow to inf, and
+// x - hi is exact by Sterbenz's lemma), and lo has at most 8 significant bits left. A
+// non-finite x is hi alone (NaN quieted as bf16 rounding quiets it).
 void split_rows(const float* x, int64_t k, int64_t i0, int64_t i1, int64_t m, int64_t k32,
                 uint16_t* parts) {
   for (int64_t i = i0; i < i1; ++i) {
@@ -861,17 +878,21 @@ void split_rows(const float* x, int64_t k, int64_t i0, int64_t i1, int64_t m, in
     uint16_t* lo = parts + i * k32;
     for (int64_t kk = 0; kk < k32; kk += 16) {
       const __m512 v = _mm512_loadu_ps(x + i * k + kk);
-      const __m256bh h = _mm512_cvtneps_pbh(v);
-      const __m512 hf = _mm512_cvtpbh_ps(h);
-      const __mmask16 finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(hf, 0x99));
-      const __m512 r1 = _mm512_maskz_sub_ps(finite, v, hf);
-      const __m256bh md = _mm512_cvtneps_pbh(r1);
-      const __m512 r2 = _mm512_sub_ps(r1, _mm512_cvtpbh_ps(md));
-      const __m256bh l = _mm512_cvtneps_pbh(r2);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + kk), reinterpret_cast<const __m256i&>(h));
+      const __m512i top = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+      const __mmask16 finite = static_cast<__mmask16>(~_mm512_fpclass_ps_mask(v, 0x99));
+      const __m512 h = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+      const __m512 r1 = _mm512_maskz_sub_ps(finite, v, h);
+      const __m512 md = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), top));
+      const __m512 l = _mm512_sub_ps(r1, md);
+      const __m256bh rounded = _mm512_cvtneps_pbh(v);
+      const __m256i hi16 = _mm256_mask_blend_epi16(
+          finite, reinterpret_cast<const __m256i&>(rounded),
+          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(h), 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + kk), hi16);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid + kk),
-                          reinterpret_cast<const __m256i&>(md));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + kk), reinterpret_cast<const __m256i&>(l));
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(md), 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + kk),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(l), 16)));
     }
   }
 }
@@ -1063,6 +1084,7 @@ void matmul_amx(const float* x, const uint16_t* packed, const float* bias, int64
                     parts);
 #pragma omp barrier
     run_ranges(ranges, nt, tid, [&](int64_t item) { job.run(item, y); });
+    amx::release();
   }
 }
 #endif

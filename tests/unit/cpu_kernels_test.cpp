@@ -168,6 +168,16 @@ TEST(CpuMatmul, AmxPathIsCloseToExactProduct) {
                         {130, 768},
                         {200, 1031}})
       expect_close_to_exact_product({m, n, k, DType::kBF16, (m + n) % 2 == 0}, seed += 3, 16);
+  // The path is taken: its sums round differently from the fma path's in places.
+  const MatmulCase c{64, 200, 1031, DType::kBF16, false};
+  const MatmulData d = make_matmul(c, 3);
+  std::vector<float> ref(c.m * c.n);
+  matmul_reference(d.x.data(), d.w.data(), c.t, nullptr, c.m, c.n, c.k, ref.data());
+  const std::vector<float> y = run_matmul(d, c, c.m, d.x.data());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < c.m * c.n; ++i)
+    differ += y[i] != ref[i] ? 1 : 0;
+  EXPECT_GT(differ, c.m * c.n / 100);
 }
 
 // More rows than one split of x holds (512) run as blocks of rows, with the same results.
@@ -186,13 +196,16 @@ TEST(CpuMatmul, AmxPathRunsLongBatchesAsBlocksOfRows) {
 }
 
 // Non-finite x: an infinite x[i, kk] gives what the fma path gives (inf or NaN), not a NaN
-// made by splitting it.
+// made by splitting it; the largest finite x (which rounds to an infinite bf16) stays
+// finite.
 TEST(CpuMatmul, AmxPathKeepsNonFiniteInputs) {
   if (!amx_matmul_available()) GTEST_SKIP() << "no AMX on this machine";
-  const MatmulCase c{3, 20, 64, DType::kBF16, false};
+  const MatmulCase c{4, 20, 64, DType::kBF16, false};
   MatmulData d = make_matmul(c, 7);
   d.x[1 * c.k + 5] = std::numeric_limits<float>::infinity();
   d.x[2 * c.k + 40] = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t kk = 0; kk < c.k; ++kk)
+    d.x[3 * c.k + kk] = kk % 3 == 0 ? -std::numeric_limits<float>::max() : 0.f;
   std::vector<float> fma_y, amx_y;
   {
     ScopedAmx off(false);
@@ -207,6 +220,11 @@ TEST(CpuMatmul, AmxPathKeepsNonFiniteInputs) {
     EXPECT_EQ(std::isinf(amx_y[c.n + j]), std::isinf(fma_y[c.n + j])) << j;
     EXPECT_EQ(std::signbit(amx_y[c.n + j]), std::signbit(fma_y[c.n + j])) << j;
     EXPECT_TRUE(std::isnan(amx_y[2 * c.n + j])) << j;
+    EXPECT_TRUE(std::isfinite(amx_y[3 * c.n + j])) << j;
+    double magnitude = 0;
+    for (int64_t kk = 0; kk < c.k; ++kk)
+      magnitude += std::abs(double(d.x[3 * c.k + kk]) * load_f32(d.w.data(), c.t, j * c.k + kk));
+    EXPECT_NEAR(amx_y[3 * c.n + j], fma_y[3 * c.n + j], 16 * 0x1p-24 * magnitude) << j;
   }
 }
 
