@@ -17,7 +17,8 @@
 // penalized (top-p after repetition 1.1 and frequency 0.2 penalties, from an engine
 // Sampler per sequence that has seen its prompt and the tokens drawn; the sequences are
 // fed random tokens, so the lists grow as they would).
-// --cpu-matmul: the CPU's bf16 matmul path, as `pagellm serve --cpu-matmul` takes it.
+// --cpu-matmul: the CPU's bf16 matmul path (auto: AMX where the CPU has it; unlike
+// `pagellm serve`, whatever the batch sizes).
 // --backend cuda runs on the GPU (builds with CUDA), measuring the GPU's copy
 // bandwidth; --shape llama3-8b there builds a model of Llama 3 8B's shape with random
 // bf16 weights on the device instead of loading one.
@@ -103,6 +104,9 @@ Options parse(int argc, char** argv) {
       }
     } else if (arg == "--cpu-matmul") {
       o.cpu_matmul = value();
+      if (o.cpu_matmul != "auto" && o.cpu_matmul != "amx" && o.cpu_matmul != "fma") {
+        throw std::runtime_error("--cpu-matmul must be auto, amx or fma");
+      }
     } else if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);

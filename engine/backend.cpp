@@ -127,7 +127,9 @@ std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
   if (kind == "cuda" && !cuda_device_available()) {
     throw ConfigError("backend cuda: no usable CUDA device (driver or GPU missing)");
   }
-  check_cpu_matmul(options.cpu_matmul);
+  if (options.cpu_matmul != "auto" && options.cpu_matmul != "amx" && options.cpu_matmul != "fma") {
+    throw ConfigError("unknown CPU matmul '" + options.cpu_matmul + "' (auto, amx or fma)");
+  }
 #if PAGELLM_HAVE_CUDA
   if (kind == "cuda" || (kind == "auto" && cuda_device_available())) {
     return make_cuda_backend(model_dir, options);

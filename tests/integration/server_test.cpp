@@ -1178,24 +1178,24 @@ TEST(ServeCli, KvPoolLogUsesTheServedContextAndTinyBudgetsAreRefused) {
 // error that says so.
 TEST(ServeCli, CpuMatmulIsChosenAndNamedInTheLog) {
   {
-    ServerProcess server({"--cpu-matmul", "fma"});
+    ServerProcess server({"--backend", "cpu", "--cpu-matmul", "fma"});
     ASSERT_GT(server.port(), 0) << server.log();
     EXPECT_NE(server.log().find("fma matmul"), std::string::npos) << server.log();
   }
   {
     // One sequence at a time: auto takes the path that decodes one row faster.
-    ServerProcess server({"--max-num-seqs", "1"});
+    ServerProcess server({"--backend", "cpu", "--max-num-seqs", "1"});
     ASSERT_GT(server.port(), 0) << server.log();
     EXPECT_NE(server.log().find("fma matmul"), std::string::npos) << server.log();
   }
   {
-    ServerProcess server(std::vector<std::string>{});
+    ServerProcess server({"--backend", "cpu"});
     ASSERT_GT(server.port(), 0) << server.log();
     const char* expected = kernels::cpu::amx_matmul_available() ? "AMX matmul" : "fma matmul";
     EXPECT_NE(server.log().find(expected), std::string::npos) << server.log();
   }
   if (kernels::cpu::amx_matmul_available()) {
-    ServerProcess server({"--cpu-matmul", "amx"});
+    ServerProcess server({"--backend", "cpu", "--cpu-matmul", "amx"});
     ASSERT_GT(server.port(), 0) << server.log();
     EXPECT_NE(server.log().find("AMX matmul"), std::string::npos) << server.log();
     return;
@@ -1203,8 +1203,8 @@ TEST(ServeCli, CpuMatmulIsChosenAndNamedInTheLog) {
   const std::string log =
       std::filesystem::temp_directory_path() / ("pagellm_serve_amx_" + std::to_string(getpid()));
   const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
-                              test::tiny_demo_model().string() + "' --cpu-matmul amx > '" + log +
-                              "' 2>&1";
+                              test::tiny_demo_model().string() +
+                              "' --backend cpu --cpu-matmul amx > '" + log + "' 2>&1";
   const int status = std::system(command.c_str());
   const std::string text = test::read_text_file(log);
   std::filesystem::remove(log);
