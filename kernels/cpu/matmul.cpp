@@ -16,6 +16,9 @@
 // finishes early takes tiles from the end of a slower thread's range. At batch 1 this is
 // bound by reading the weights. Longer prompts reuse float32 copies of k-blocks across
 // row tiles, and threads take their work items as they finish.
+//
+// That is the fma path. On a CPU with AMX, bf16 weights take the tile unit instead (see
+// the amx namespace): the same exact products, summed in another fixed order.
 
 #include <omp.h>
 #include <sys/syscall.h>
@@ -798,11 +801,13 @@ TileRange* tile_ranges(int64_t threads) {
 // that every product x[i, kk] * w[j, kk] is exact, as in the fma path; only the order and
 // rounding of the sum differ. One exception, far below anything a model computes: the
 // tile unit reads subnormal inputs as zero and flushes subnormal results, so parts (or
-// bf16 weights) under 2^-126 in magnitude, and products under it, count as zero. A tile step adds,
-// for each part, the products of 32 kk (16 pairs) into a float32 accumulator tile; the parts go
-// smallest first. The kk from the last multiple of 32 on are added by the fma tiles, from float32
-// x. Every row of a tile is computed alone, by the same steps whatever m is, so results still do
-// not depend on m, on a row's place in the batch, or on the thread count.
+// bf16 weights) under 2^-126 in magnitude, and products under it, count as zero.
+//
+// A tile step adds, for each part, the products of 32 kk (16 pairs) into a float32
+// accumulator tile; the parts go smallest first. The kk from the last multiple of 32 on
+// are added by the fma tiles, from float32 x. Every row of a tile is computed alone, by
+// the same steps whatever m is, so results still do not depend on m, on a row's place in
+// the batch, or on the thread count.
 namespace amx {
 
 constexpr int64_t kChunk = 32;  // kk per tile step: 16 rows of 16 bf16 pairs
@@ -819,7 +824,7 @@ constexpr int64_t kMaxRows = 512;
 // How far ahead of its tile loads each panel is prefetched by an item's first row tile.
 constexpr int64_t kPrefetchAhead = 2048;
 
-// The kernel lets a process use the tile registers once it asks (Linux 5.16 and later).
+// Linux lets a process use the tile registers once it asks (5.16 and later).
 bool permitted() {
   static const bool ok = [] {
     constexpr long kReqXcompPerm = 0x1023;
@@ -837,12 +842,12 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-3: accumulators of up to 4 panels; 4-6: x's parts lo, mid, hi; 7: one panel's
-// 32 kk of weights. All rows are 64 bytes; the x and accumulator tiles hold `rows` rows.
 // The configuration this thread has loaded (0: none). A call owns the tile state from its
 // first configure to its release: nothing else may use the tiles in between.
 thread_local int g_configured = 0;
 
+// Tiles 0-3: accumulators of up to 4 panels; 4-6: x's parts lo, mid, hi; 7: one panel's
+// 32 kk of weights. All rows are 64 bytes; the x and accumulator tiles hold `rows` rows.
 void configure(int rows) {
   int& current = g_configured;
   if (current == rows) return;
