@@ -84,7 +84,9 @@ std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<LlamaModel> model);
 
 // Loads the model at `model_dir` on the backend `options.kind` names ("auto": CUDA when
 // this build has it and a device is present, else the CPU). Throws ConfigError for an
-// unknown kind or "cuda" where it is not available.
+// unknown kind or "cuda" where it is not available. The CPU backend's load leaves the
+// calling thread without an OpenMP team (see backend.cpp): the engine thread's should be
+// the process's only one.
 std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
                                       const BackendOptions& options);
 

@@ -4,8 +4,11 @@
 #include "engine/backend.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "engine/demo_model.h"
 #include "engine/kv_cache_memory.h"
@@ -36,6 +39,43 @@ TEST_F(BackendTest, CpuIsChosenByNameAndByAutoWithoutAGpu) {
   const auto backend = load_backend(dir(), o);
   EXPECT_EQ(backend->name(), cuda_device_available() ? "cuda" : "cpu");
   EXPECT_FALSE(backend->device_description().empty());
+}
+
+// The threads of this process, as /proc lists them.
+int64_t thread_count() {
+  int64_t n = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/task"))
+    ++n;
+  return n;
+}
+
+// Loading a CPU model runs OpenMP regions; a thread that runs one keeps its team of
+// workers while it lives, and with the engine thread's team beside it libgomp stops
+// letting workers spin between regions. The load leaves the caller without one: the
+// workers it started end with the load.
+TEST_F(BackendTest, CpuLoadLeavesTheCallerWithoutAnOpenMpTeam) {
+  if (omp_get_max_threads() < 2) GTEST_SKIP() << "one OpenMP thread: no workers";
+  int64_t before = 0, after = 0;
+  std::thread caller([&] {
+    before = thread_count();
+    BackendOptions o;
+    o.kind = "cpu";
+    const auto backend = load_backend(dir(), o);
+    // The load's own workers exit as its thread ends; give them a moment to be gone.
+    for (int i = 0; i < 200 && (after = thread_count()) > before; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  caller.join();
+  EXPECT_EQ(after, before);
+  // The check can fail: a parallel region run here leaves workers behind.
+  std::thread control([&] {
+    before = thread_count();
+#pragma omp parallel
+    { (void)omp_get_thread_num(); }
+    after = thread_count();
+  });
+  control.join();
+  EXPECT_GT(after, before);
 }
 
 TEST_F(BackendTest, UnknownOrUnavailableBackendsAreRefusedWithAReason) {
