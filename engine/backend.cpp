@@ -145,7 +145,7 @@ std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
   // the rest of its life, and libgomp counts them all: with the caller's team beside the
   // engine thread's, there were more OpenMP threads than cores, and libgomp then lets a
   // worker spin only briefly between parallel regions before it sleeps. A decode step
-  // runs about a hundred regions: on 2 cores the server's batch-1 forward pass took 9 ms
+  // runs several regions a layer: on 2 cores the server's batch-1 forward pass took 9 ms
   // (about a hundred context switches a step) where the same pass alone took 5.5.
   std::unique_ptr<LlamaModel> model;
   std::exception_ptr error;
