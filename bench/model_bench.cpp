@@ -104,7 +104,7 @@ Options parse(int argc, char** argv) {
       }
     } else if (arg == "--cpu-matmul") {
       o.cpu_matmul = value();
-      if (o.cpu_matmul != "auto" && o.cpu_matmul != "amx" && o.cpu_matmul != "fma") {
+      if (!engine::known_cpu_matmul(o.cpu_matmul)) {
         throw std::runtime_error("--cpu-matmul must be auto, amx or fma");
       }
     } else if (arg == "--help" || arg == "-h") {

@@ -103,17 +103,23 @@ bool cuda_device_available() {
 #endif
 }
 
-void check_cpu_matmul(const std::string& matmul) {
-  if (matmul != "auto" && matmul != "amx" && matmul != "fma") {
+bool known_cpu_matmul(const std::string& matmul) {
+  return matmul == "auto" || matmul == "amx" || matmul == "fma";
+}
+
+namespace {
+void check_known_cpu_matmul(const std::string& matmul) {
+  if (!known_cpu_matmul(matmul)) {
     throw ConfigError("unknown CPU matmul '" + matmul + "' (auto, amx or fma)");
   }
+}
+}  // namespace
+
+void select_cpu_matmul(const std::string& matmul) {
+  check_known_cpu_matmul(matmul);
   if (matmul == "amx" && !kernels::cpu::amx_matmul_available()) {
     throw ConfigError("CPU matmul amx: this CPU, its kernel or this build has no AMX");
   }
-}
-
-void select_cpu_matmul(const std::string& matmul) {
-  check_cpu_matmul(matmul);
   kernels::cpu::set_amx_matmul(matmul != "fma");
 }
 
@@ -129,9 +135,7 @@ std::unique_ptr<Backend> load_backend(const std::filesystem::path& model_dir,
   if (kind == "cuda" && !cuda_device_available()) {
     throw ConfigError("backend cuda: no usable CUDA device (driver or GPU missing)");
   }
-  if (options.cpu_matmul != "auto" && options.cpu_matmul != "amx" && options.cpu_matmul != "fma") {
-    throw ConfigError("unknown CPU matmul '" + options.cpu_matmul + "' (auto, amx or fma)");
-  }
+  check_known_cpu_matmul(options.cpu_matmul);
 #if PAGELLM_HAVE_CUDA
   if (kind == "cuda" || (kind == "auto" && cuda_device_available())) {
     return make_cuda_backend(model_dir, options);

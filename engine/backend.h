@@ -74,9 +74,10 @@ struct BackendOptions {
   std::string cpu_matmul = "auto";
 };
 
-// Checks BackendOptions::cpu_matmul (ConfigError), then makes it the process's CPU
-// matmul path (a process-wide setting of kernels/cpu/).
-void check_cpu_matmul(const std::string& matmul);
+// Whether `matmul` names a CPU matmul path: auto, amx or fma.
+bool known_cpu_matmul(const std::string& matmul);
+// Makes `matmul` the process's CPU matmul path (a process-wide setting of kernels/cpu/).
+// ConfigError for an unknown name, or for amx where it is not available.
 void select_cpu_matmul(const std::string& matmul);
 
 // The CPU backend over an already loaded model.

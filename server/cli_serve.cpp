@@ -181,7 +181,7 @@ ServeOptions parse_options(const ArgReader& reader) {
   if (auto v = get("--port")) o.port = static_cast<int>(parse_int("--port", *v, 0, 65535));
   if (auto v = get("--backend")) o.backend = *v;
   if (auto v = get("--cpu-matmul")) {
-    if (*v != "auto" && *v != "amx" && *v != "fma") {
+    if (!engine::known_cpu_matmul(*v)) {
       throw UsageError("--cpu-matmul must be auto, amx or fma, not '" + *v + "'");
     }
     o.cpu_matmul = *v;

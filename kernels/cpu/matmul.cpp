@@ -998,24 +998,24 @@ struct Job {
     const int64_t t1 = balanced_start(row_tiles, chunks_per_group, chunk + 1);
     alignas(64) float acc[kRows * kTilePanels * kPanel];
     const __mmask16 last_mask = detail::tail_mask(ncols - kPanel * (P - 1));
+    const int64_t lda = k32 * static_cast<int64_t>(sizeof(uint16_t));
+    const int64_t ws = k * kPanel;
+    const int64_t chunks = k32 / kChunk;
+    // With no kk left past k32 the bias goes in here; else the fma tiles add the rest.
+    const bool done = k32 == k;
+    using Fn = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, int64_t, const uint16_t*,
+                        int64_t, int64_t, float*);
+    static constexpr Fn kFns[2][kTilePanels] = {
+        {&row_tile<1, false>, &row_tile<2, false>, &row_tile<3, false>, &row_tile<4, false>},
+        {&row_tile<1, true>, &row_tile<2, true>, &row_tile<3, true>, &row_tile<4, true>}};
     for (int64_t t = t0; t < t1; ++t) {
       const int R = static_cast<int>(balanced(m, row_tiles, t));
       const int64_t r0 = balanced_start(m, row_tiles, t);
       configure(R);
       const uint16_t* lo = parts + r0 * k32;
-      const int64_t lda = k32 * static_cast<int64_t>(sizeof(uint16_t));
-      const int64_t ws = k * kPanel;
       const uint16_t* mid = lo + m * k32;
       const uint16_t* hi = mid + m * k32;
-      const int64_t chunks = k32 / kChunk;
-      using Fn = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, int64_t,
-                          const uint16_t*, int64_t, int64_t, float*);
-      static constexpr Fn kFns[2][kTilePanels] = {
-          {&row_tile<1, false>, &row_tile<2, false>, &row_tile<3, false>, &row_tile<4, false>},
-          {&row_tile<1, true>, &row_tile<2, true>, &row_tile<3, true>, &row_tile<4, true>}};
       kFns[t == t0 ? 1 : 0][P - 1](lo, mid, hi, lda, group, ws, chunks, acc);
-      // Into y, with the bias when no kk are left; else the fma tiles add the rest.
-      const bool done = k32 == k;
       for (int r = 0; r < R; ++r) {
         float* yr = y + (r0 + r) * n + col0;
         for (int p = 0; p < P; ++p) {
@@ -1045,8 +1045,6 @@ struct Job {
     }
   }
 };
-
-std::atomic<bool> g_enabled{true};
 
 }  // namespace amx
 #endif  // AMX
@@ -1201,6 +1199,10 @@ PackedWeight::PackedWeight(const void* w, DType dtype, int64_t n, int64_t k)
   }
 }
 
+namespace {
+std::atomic<bool> g_amx_enabled{true};
+}  // namespace
+
 bool amx_matmul_available() {
 #if defined(PAGELLM_MATMUL_AMX)
   return amx::permitted();
@@ -1210,19 +1212,11 @@ bool amx_matmul_available() {
 }
 
 void set_amx_matmul(bool on) {
-#if defined(PAGELLM_MATMUL_AMX)
-  amx::g_enabled.store(on, std::memory_order_relaxed);
-#else
-  (void)on;
-#endif
+  g_amx_enabled.store(on, std::memory_order_relaxed);
 }
 
 bool amx_matmul() {
-#if defined(PAGELLM_MATMUL_AMX)
-  return amx::g_enabled.load(std::memory_order_relaxed) && amx::permitted();
-#else
-  return false;
-#endif
+  return g_amx_enabled.load(std::memory_order_relaxed) && amx_matmul_available();
 }
 
 void matmul(const float* x, const PackedWeight& w, const float* bias, int64_t m, float* y) {

@@ -1151,6 +1151,20 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
   }
 }
 
+// `pagellm serve --port 0 --model MODEL ARGS` run to its exit, for the options that end it
+// at start: its exit status and what it printed.
+std::pair<int, std::string> serve_until_exit(
+    const std::string& args, const std::filesystem::path& model = test::tiny_demo_model()) {
+  const std::string log =
+      std::filesystem::temp_directory_path() / ("pagellm_serve_exit_" + std::to_string(getpid()));
+  const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
+                              model.string() + "' " + args + " > '" + log + "' 2>&1";
+  const int status = std::system(command.c_str());
+  std::string text = test::read_text_file(log);
+  std::filesystem::remove(log);
+  return {WEXITSTATUS(status), std::move(text)};
+}
+
 // The start-up log counts full-context sequences in --max-model-len, and a KV budget too
 // small for one block is refused with the size of a block.
 TEST(ServeCli, KvPoolLogUsesTheServedContextAndTinyBudgetsAreRefused) {
@@ -1161,15 +1175,8 @@ TEST(ServeCli, KvPoolLogUsesTheServedContextAndTinyBudgetsAreRefused) {
     EXPECT_NE(server.log().find("16.0 sequences of the full 64-token context"), std::string::npos)
         << server.log();
   }
-  const std::string log = std::filesystem::temp_directory_path() /
-                          ("pagellm_serve_tiny_kv_" + std::to_string(getpid()));
-  const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
-                              test::tiny_demo_model().string() + "' --kv-cache-bytes 100 > '" +
-                              log + "' 2>&1";
-  const int status = std::system(command.c_str());
-  const std::string text = test::read_text_file(log);
-  std::filesystem::remove(log);
-  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  const auto [status, text] = serve_until_exit("--kv-cache-bytes 100");
+  EXPECT_EQ(status, 1) << text;
   EXPECT_NE(text.find("--kv-cache-bytes 100 holds no KV block"), std::string::npos) << text;
 }
 
@@ -1200,15 +1207,8 @@ TEST(ServeCli, CpuMatmulIsChosenAndNamedInTheLog) {
     EXPECT_NE(server.log().find("AMX matmul"), std::string::npos) << server.log();
     return;
   }
-  const std::string log =
-      std::filesystem::temp_directory_path() / ("pagellm_serve_amx_" + std::to_string(getpid()));
-  const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
-                              test::tiny_demo_model().string() +
-                              "' --backend cpu --cpu-matmul amx > '" + log + "' 2>&1";
-  const int status = std::system(command.c_str());
-  const std::string text = test::read_text_file(log);
-  std::filesystem::remove(log);
-  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  const auto [status, text] = serve_until_exit("--backend cpu --cpu-matmul amx");
+  EXPECT_EQ(status, 1) << text;
   EXPECT_NE(text.find("has no AMX"), std::string::npos) << text;
 }
 
@@ -1217,17 +1217,12 @@ TEST(ServeCli, CpuMatmulIsChosenAndNamedInTheLog) {
 TEST(ServeCli, CudaBackendWithoutAGpuIsRefusedWithTheReason) {
   if (engine::cuda_device_available()) GTEST_SKIP() << "a GPU is present";
   const testing::TempDemoModel model("pagellm_serve_cuda", engine::demo_model_preset("tiny"));
-  const std::filesystem::path& dir = model.path();
-  const std::string log = (dir / "log").string();
-  const std::string command = std::string("'") + PAGELLM_BINARY + "' serve --port 0 --model '" +
-                              dir.string() + "' --backend cuda > '" + log + "' 2>&1";
-  const int status = std::system(command.c_str());
-  const std::string text = test::read_text_file(log);
+  const auto [status, text] = serve_until_exit("--backend cuda", model.path());
   if (engine::cuda_backend_built()) {
-    EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+    EXPECT_EQ(status, 1) << text;
     EXPECT_NE(text.find("no usable CUDA device"), std::string::npos) << text;
   } else {
-    EXPECT_EQ(WEXITSTATUS(status), 2) << text;
+    EXPECT_EQ(status, 2) << text;
     EXPECT_NE(text.find("no CUDA support"), std::string::npos) << text;
   }
 }
