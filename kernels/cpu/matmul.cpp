@@ -902,8 +902,31 @@ void split_rows(const float* x, int64_t k, int64_t i0, int64_t i1, int64_t m, in
   }
 }
 
+// Accumulator tile Acc += part tile Part (4: lo, 5: mid, 6: hi) times the weights in tile
+// 7. (_tile_dpbf16ps pastes its arguments into the instruction's text, so it takes only
+// literal tile numbers, not template parameters.)
+template <int Acc, int Part>
+inline void dot_part() {
+  asm volatile("tdpbf16ps %%tmm7, %%tmm%c1, %%tmm%c0" ::"n"(Acc), "n"(Part));
+}
+
+// All three parts, smallest first, into accumulator tile Acc.
+template <int Acc>
+inline void dot_parts() {
+  dot_part<Acc, 4>();
+  dot_part<Acc, 5>();
+  dot_part<Acc, 6>();
+}
+
 // Accumulates P panels (w, `ws` elements apart) times the three parts of one row tile
 // (at lo, mid and hi, rows `lda` bytes apart) over `chunks` tile steps into tiles 0 .. P-1.
+//
+// A load into a tile waits for the instructions that still read it, and a dot product
+// waits for its loads. So, from the second row tile of an item on (whose panels and parts
+// come from L2), each of the next step's parts is loaded as soon as the last panel's dot
+// product with it is issued: the loads overlap the dot products (0.75x to 0.85x the time
+// at m = 96 and 512 with k = 768). The first row tile, whose panels come from memory
+// behind its prefetches, keeps the plain order, which measured a little faster there.
 template <int P, bool PF>
 void dot_chunks(const uint16_t* lo, const uint16_t* mid, const uint16_t* hi, int64_t lda,
                 const uint16_t* w, int64_t ws, int64_t chunks) {
@@ -911,12 +934,17 @@ void dot_chunks(const uint16_t* lo, const uint16_t* mid, const uint16_t* hi, int
   if constexpr (P > 1) _tile_zero(1);
   if constexpr (P > 2) _tile_zero(2);
   if constexpr (P > 3) _tile_zero(3);
+  if constexpr (!PF) {
+    _tile_loadd(4, lo, lda);
+    _tile_loadd(5, mid, lda);
+    _tile_loadd(6, hi, lda);
+  }
   for (int64_t c = 0; c < chunks; ++c) {
-    _tile_loadd(4, lo + c * kChunk, lda);
-    _tile_loadd(5, mid + c * kChunk, lda);
-    _tile_loadd(6, hi + c * kChunk, lda);
     const uint16_t* b = w + c * kChunk * kPanel;
     if constexpr (PF) {
+      _tile_loadd(4, lo + c * kChunk, lda);
+      _tile_loadd(5, mid + c * kChunk, lda);
+      _tile_loadd(6, hi + c * kChunk, lda);
       // Each panel's stream kPrefetchAhead bytes ahead of its tile loads; past the end of
       // its panel, into the same panel of the next group (the item this thread most
       // likely runs next), whose stream would otherwise start with a wait on memory.
@@ -934,27 +962,31 @@ void dot_chunks(const uint16_t* lo, const uint16_t* mid, const uint16_t* hi, int
           detail::prefetch_l1(ahead + 64 * line);
       }
     }
+    // Panels 0 .. P-2, then the last one, whose dot products free the part tiles one by
+    // one for the next step's loads.
     _tile_loadd(7, b, 64);
-    _tile_dpbf16ps(0, 4, 7);
-    _tile_dpbf16ps(0, 5, 7);
-    _tile_dpbf16ps(0, 6, 7);
     if constexpr (P > 1) {
+      dot_parts<0>();
       _tile_loadd(7, b + ws, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(1, 5, 7);
-      _tile_dpbf16ps(1, 6, 7);
     }
     if constexpr (P > 2) {
+      dot_parts<1>();
       _tile_loadd(7, b + 2 * ws, 64);
-      _tile_dpbf16ps(2, 4, 7);
-      _tile_dpbf16ps(2, 5, 7);
-      _tile_dpbf16ps(2, 6, 7);
     }
     if constexpr (P > 3) {
+      dot_parts<2>();
       _tile_loadd(7, b + 3 * ws, 64);
-      _tile_dpbf16ps(3, 4, 7);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_dpbf16ps(3, 6, 7);
+    }
+    if (!PF && c + 1 < chunks) {
+      const int64_t next = (c + 1) * kChunk;
+      dot_part<P - 1, 4>();
+      _tile_loadd(4, lo + next, lda);
+      dot_part<P - 1, 5>();
+      _tile_loadd(5, mid + next, lda);
+      dot_part<P - 1, 6>();
+      _tile_loadd(6, hi + next, lda);
+    } else {
+      dot_parts<P - 1>();
     }
   }
 }
