@@ -232,6 +232,20 @@ void BM_SampleTopKTopP(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(rows), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Greedy decoding's pick: the first maximum of each of `rows` rows of `vocab` logits.
+void BM_Argmax(benchmark::State& state) {
+  const int64_t rows = state.range(0), vocab = state.range(1);
+  const auto logits = random_floats(rows * vocab, 8);
+  std::vector<int32_t> out(rows);
+  for (auto _ : state) {
+    argmax(logits.data(), rows, vocab, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(rows * vocab * sizeof(float)) / 1e9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all() {
   benchmark::RegisterBenchmark("BM_MemoryCopy", BM_MemoryCopy)
       ->Unit(benchmark::kMillisecond)
@@ -280,6 +294,14 @@ void register_all() {
       ->Arg(512)
       ->Arg(2048)
       ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_Argmax", BM_Argmax)
+      ->ArgNames({"rows", "vocab"})
+      ->Args({1, 32000})
+      ->Args({32, 32000})
+      ->Args({256, 32000})
+      ->Args({1, 128256})
+      ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
   benchmark::RegisterBenchmark("BM_SampleTopKTopP", BM_SampleTopKTopP)
       ->ArgNames({"rows", "vocab", "sigma"})

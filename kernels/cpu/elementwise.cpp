@@ -89,6 +89,67 @@ void silu_mul_span(const float* gate, const float* up, int64_t n, float* out) {
 // others costs more than the work.
 constexpr int64_t kSmallElementwise = 8192;
 
+// The index of the first maximum of row[0, n); NaN never wins (a row of NaN gives 0).
+int64_t argmax_row(const float* row, int64_t n) {
+#if defined(PAGELLM_KERNELS_AVX512)
+  if (detail::use_simd() && n < (int64_t(1) << 31) - 64) {  // indices fit int32 lanes
+    // kChains independent chains of 16 lanes, each lane keeping the first of its largest
+    // values: only a strictly larger value replaces it (NaN compares false), starting from
+    // -inf. The first maximum of the row is then the smallest index among the lanes that
+    // hold the largest value.
+    constexpr int kChains = 4;
+    __m512 best[kChains];
+    __m512i at[kChains];
+    for (int c = 0; c < kChains; ++c) {
+      best[c] = _mm512_set1_ps(-INFINITY);
+      at[c] = _mm512_set1_epi32(-1);
+    }
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t i = 0;
+    for (; i + kChains * kLanes <= n; i += kChains * kLanes) {
+      for (int c = 0; c < kChains; ++c) {
+        const __m512 v = _mm512_loadu_ps(row + i + c * kLanes);
+        const __mmask16 up = _mm512_cmp_ps_mask(v, best[c], _CMP_GT_OQ);
+        best[c] = _mm512_mask_mov_ps(best[c], up, v);
+        at[c] = _mm512_mask_mov_epi32(
+            at[c], up, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(i + c * kLanes))));
+      }
+    }
+    for (; i < n; i += kLanes) {
+      const __m512 v = _mm512_maskz_loadu_ps(detail::tail_mask(n - i), row + i);
+      const __mmask16 up = _mm512_cmp_ps_mask(v, best[0], _CMP_GT_OQ) & detail::tail_mask(n - i);
+      best[0] = _mm512_mask_mov_ps(best[0], up, v);
+      at[0] = _mm512_mask_mov_epi32(at[0], up,
+                                    _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(i))));
+    }
+    float values[kChains * kLanes];
+    int32_t indices[kChains * kLanes];
+    for (int c = 0; c < kChains; ++c) {
+      _mm512_storeu_ps(values + c * kLanes, best[c]);
+      _mm512_storeu_si512(indices + c * kLanes, at[c]);
+    }
+    float top = -INFINITY;
+    int32_t first = -1;
+    for (int l = 0; l < kChains * kLanes; ++l) {
+      if (indices[l] < 0) continue;
+      if (first < 0 || values[l] > top || (values[l] == top && indices[l] < first)) {
+        top = values[l];
+        first = indices[l];
+      }
+    }
+    if (first >= 0) return first;
+    // No value above -inf: the scalar loop finds the first -inf, if any.
+  }
+#endif
+  int64_t best = 0;
+  while (best + 1 < n && std::isnan(row[best]))
+    ++best;
+  if (std::isnan(row[best])) best = 0;
+  for (int64_t i = best + 1; i < n; ++i)
+    if (row[i] > row[best]) best = i;
+  return best;
+}
+
 }  // namespace
 
 void embedding(const int32_t* ids, int64_t num_tokens, const void* table, DType dtype,
@@ -161,17 +222,8 @@ void silu_mul_fused(const float* gate_up, int64_t rows, int64_t dim, float* out)
 
 void argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out) {
 #pragma omp parallel for schedule(static) if (rows > 1)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = logits + r * vocab;
-    // The first maximum; NaN never wins (a row of NaN gives 0).
-    int64_t best = 0;
-    while (best + 1 < vocab && std::isnan(row[best]))
-      ++best;
-    if (std::isnan(row[best])) best = 0;
-    for (int64_t i = best + 1; i < vocab; ++i)
-      if (row[i] > row[best]) best = i;
-    out[r] = static_cast<int32_t>(best);
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    out[r] = static_cast<int32_t>(argmax_row(logits + r * vocab, vocab));
 }
 
 }  // namespace pagellm::kernels::cpu

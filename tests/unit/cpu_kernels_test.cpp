@@ -564,6 +564,73 @@ TEST(CpuArgmax, FirstMaximumPerRow) {
   EXPECT_EQ(out, (std::vector<int32_t>{500, 7, 1000}));
 }
 
+// The vector form keeps several chains of lanes and merges them: every position of the
+// maximum, ties across and within chains, NaN and infinities, and lengths around the
+// chains' 64 values, against the definition, on both paths.
+TEST(CpuArgmax, FirstMaximumWithNaNInfinitiesAndTiesAtEveryLength) {
+  const auto reference = [](const float* row, int64_t n) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) best = i;
+    return static_cast<int32_t>(std::max<int64_t>(best, 0));
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937 rng(11);
+  for (int64_t n : {1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 1001, 32000}) {
+    std::vector<std::vector<float>> rows;
+    rows.push_back(std::vector<float>(n, -inf));
+    rows.push_back(std::vector<float>(n, nan));
+    rows.push_back(std::vector<float>(n, 3.0f));  // all tied: 0
+    for (int k = 0; k < 12; ++k) {
+      std::vector<float> row = random_floats(n, 100 + k);
+      std::uniform_int_distribution<int64_t> pos(0, n - 1);
+      const int64_t a = pos(rng), b = pos(rng), c = pos(rng);
+      switch (k % 6) {
+        case 0:
+          row[a] = 9.0f;
+          row[b] = 9.0f;
+          break;  // a tie
+        case 1:
+          row[a] = nan;
+          row[b] = 9.0f;
+          row[c] = nan;
+          break;  // NaN around the max
+        case 2:
+          row[a] = inf;
+          row[b] = inf;
+          break;  // infinite ties
+        case 3:
+          std::fill(row.begin(), row.end(), -inf);
+          row[a] = nan;
+          row[b] = -inf;
+          break;
+        case 4:
+          std::fill(row.begin(), row.end(), nan);
+          row[a] = -inf;
+          break;  // one number
+        default:
+          std::fill(row.begin(), row.end(), 1.0f);
+          row[a] = nan;
+          break;  // ties past NaN
+      }
+      rows.push_back(row);
+    }
+    std::vector<float> logits;
+    for (const auto& row : rows)
+      logits.insert(logits.end(), row.begin(), row.end());
+    const int64_t count = static_cast<int64_t>(rows.size());
+    for (bool portable : {false, true}) {
+      ScopedPortable scoped(portable);
+      std::vector<int32_t> out(count, -7);
+      argmax(logits.data(), count, n, out.data());
+      for (int64_t r = 0; r < count; ++r)
+        ASSERT_EQ(out[r], reference(logits.data() + r * n, n))
+            << "n " << n << " row " << r << (portable ? " portable" : " simd");
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // write_kv, copy_blocks
 
