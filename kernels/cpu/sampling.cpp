@@ -118,11 +118,25 @@ void rank_head(const std::vector<int32_t>& ids, const float* w, double mass, Sam
 void weights(const float* logits, int32_t vocab, float inv_t, float* w) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   float max_logit = -std::numeric_limits<float>::infinity();
-  for (int32_t i = 0; i < vocab; ++i) {
+  int32_t i = 0;
+#if defined(PAGELLM_KERNELS_AVX512)
+  if (detail::use_simd()) {
+    // The maximum does not depend on the order it is taken in.
+    const __m512 scale = _mm512_set1_ps(inv_t);
+    __m512 mx = _mm512_set1_ps(max_logit);
+    for (; i + detail::kLanes <= vocab; i += detail::kLanes) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(logits + i), scale);
+      _mm512_storeu_ps(w + i, x);
+      mx = _mm512_max_ps(x, mx);  // a NaN x keeps mx
+    }
+    max_logit = _mm512_reduce_max_ps(mx);
+  }
+#endif
+  for (; i < vocab; ++i) {
     w[i] = logits[i] * inv_t;
     max_logit = std::max(max_logit, w[i]);  // skips NaN
   }
-  int32_t i = 0;
+  i = 0;
 #if defined(PAGELLM_KERNELS_AVX512)
   if (detail::use_simd()) {
     const __m512 mx = _mm512_set1_ps(max_logit);

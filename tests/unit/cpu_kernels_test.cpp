@@ -1062,13 +1062,23 @@ TEST(CpuSample, EqualWeightsAreRankedByTokenId) {
 }
 
 // An infinite logit gets weight 1 and the rest 0, as on the device; a row of -inf is
-// uniform.
+// uniform. Rows short of a vector and rows of several, on both paths.
 TEST(CpuSample, InfiniteLogitsAreWeightedAsOnTheDevice) {
   const float inf = std::numeric_limits<float>::infinity();
-  for (int s = 0; s < 50; ++s) {
-    const double u = (s + 0.5) / 50;
-    EXPECT_EQ(sample_one({1.0f, inf, 3.0f, -inf}, {}, u), 1);
-    EXPECT_EQ(sample_one({-inf, -inf, -inf, -inf}, {}, u), static_cast<int32_t>(u * 4));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> long_row = random_floats(37, 4);
+  long_row[3] = nan;
+  long_row[21] = inf;
+  long_row[30] = -inf;
+  for (bool portable : {false, true}) {
+    ScopedPortable scoped(portable);
+    for (int s = 0; s < 50; ++s) {
+      const double u = (s + 0.5) / 50;
+      EXPECT_EQ(sample_one({1.0f, inf, 3.0f, -inf}, {}, u), 1);
+      EXPECT_EQ(sample_one({-inf, -inf, -inf, -inf}, {}, u), static_cast<int32_t>(u * 4));
+      EXPECT_EQ(sample_one(long_row, {}, u), 21);
+      EXPECT_EQ(sample_one(std::vector<float>(37, -inf), {}, u), static_cast<int32_t>(u * 37));
+    }
   }
 }
 
