@@ -105,22 +105,20 @@ int64_t argmax_row(const float* row, int64_t n) {
       at[c] = _mm512_set1_epi32(-1);
     }
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    // Chain c takes the values v of positions at0 .. at0 + 15 whose lanes are in `valid`.
+    const auto take = [&](int c, __m512 v, __mmask16 valid, int64_t at0) {
+      const __mmask16 up = _mm512_cmp_ps_mask(v, best[c], _CMP_GT_OQ) & valid;
+      best[c] = _mm512_mask_mov_ps(best[c], up, v);
+      at[c] = _mm512_mask_mov_epi32(
+          at[c], up, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(at0))));
+    };
     int64_t i = 0;
-    for (; i + kChains * kLanes <= n; i += kChains * kLanes) {
-      for (int c = 0; c < kChains; ++c) {
-        const __m512 v = _mm512_loadu_ps(row + i + c * kLanes);
-        const __mmask16 up = _mm512_cmp_ps_mask(v, best[c], _CMP_GT_OQ);
-        best[c] = _mm512_mask_mov_ps(best[c], up, v);
-        at[c] = _mm512_mask_mov_epi32(
-            at[c], up, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(i + c * kLanes))));
-      }
-    }
+    for (; i + kChains * kLanes <= n; i += kChains * kLanes)
+      for (int c = 0; c < kChains; ++c)
+        take(c, _mm512_loadu_ps(row + i + c * kLanes), 0xffff, i + c * kLanes);
     for (; i < n; i += kLanes) {
-      const __m512 v = _mm512_maskz_loadu_ps(detail::tail_mask(n - i), row + i);
-      const __mmask16 up = _mm512_cmp_ps_mask(v, best[0], _CMP_GT_OQ) & detail::tail_mask(n - i);
-      best[0] = _mm512_mask_mov_ps(best[0], up, v);
-      at[0] = _mm512_mask_mov_epi32(at[0], up,
-                                    _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(i))));
+      const __mmask16 valid = detail::tail_mask(n - i);
+      take(0, _mm512_maskz_loadu_ps(valid, row + i), valid, i);
     }
     float values[kChains * kLanes];
     int32_t indices[kChains * kLanes];
@@ -128,11 +126,11 @@ int64_t argmax_row(const float* row, int64_t n) {
       _mm512_storeu_ps(values + c * kLanes, best[c]);
       _mm512_storeu_si512(indices + c * kLanes, at[c]);
     }
+    // A lane that took a value holds one above -inf.
     float top = -INFINITY;
     int32_t first = -1;
     for (int l = 0; l < kChains * kLanes; ++l) {
-      if (indices[l] < 0) continue;
-      if (first < 0 || values[l] > top || (values[l] == top && indices[l] < first)) {
+      if (indices[l] >= 0 && (values[l] > top || (values[l] == top && indices[l] < first))) {
         top = values[l];
         first = indices[l];
       }

@@ -587,32 +587,32 @@ TEST(CpuArgmax, FirstMaximumWithNaNInfinitiesAndTiesAtEveryLength) {
       std::uniform_int_distribution<int64_t> pos(0, n - 1);
       const int64_t a = pos(rng), b = pos(rng), c = pos(rng);
       switch (k % 6) {
-        case 0:
+        case 0:  // a tie
           row[a] = 9.0f;
           row[b] = 9.0f;
-          break;  // a tie
-        case 1:
+          break;
+        case 1:  // NaN around the max
           row[a] = nan;
           row[b] = 9.0f;
           row[c] = nan;
-          break;  // NaN around the max
-        case 2:
+          break;
+        case 2:  // infinite ties
           row[a] = inf;
           row[b] = inf;
-          break;  // infinite ties
-        case 3:
+          break;
+        case 3:  // nothing above -inf
           std::fill(row.begin(), row.end(), -inf);
           row[a] = nan;
           row[b] = -inf;
           break;
-        case 4:
+        case 4:  // one number
           std::fill(row.begin(), row.end(), nan);
           row[a] = -inf;
-          break;  // one number
-        default:
+          break;
+        default:  // ties past NaN
           std::fill(row.begin(), row.end(), 1.0f);
           row[a] = nan;
-          break;  // ties past NaN
+          break;
       }
       rows.push_back(row);
     }
