@@ -2,8 +2,8 @@
 // of one sequence (in decode: one query and a group of consecutive KV heads, whose rows
 // of a position lie together in the cache): the query heads that share a KV head (GQA)
 // are scored against each cached key as it is read, so K is read and converted once per
-// item. The value pass runs in rounds of positions whose V rows are prefetched into L2
-// the round before.
+// item. The value pass runs in rounds of positions, whose V rows its tiles find in L2.
+// Both passes kick the L2 streamer on the pages of the blocks ahead (PageKicker).
 // Softmax is two-pass in float32:
 //   s[i] = dot(q, k_i) * scale      dot: lane_dot_scalar's 16-lane order (lane l an fma
 //                                   chain over d = l, l + 16, ..., then a fixed tree)
@@ -51,13 +51,50 @@ Scratch& thread_scratch() {
 
 // Prefetches `count` cache elements from element offset `at` of K or V: one token's row
 // of one KV head (head_dim), or its rows of consecutive KV heads.
-inline void prefetch_cache_row(const void* base, DType t, int64_t at, int64_t count,
-                               bool l2_only = false) {
+inline void prefetch_cache_row(const void* base, DType t, int64_t at, int64_t count) {
   const char* row = static_cast<const char*>(base) + at * dtype_size(t);
   const int64_t bytes = count * dtype_size(t);
   for (int64_t x = 0; x < bytes; x += 64)
-    l2_only ? detail::prefetch_l2(row + x) : detail::prefetch_l1(row + x);
+    detail::prefetch_l1(row + x);
 }
+
+// The L2 streamer follows the lines of one 4 KiB page and starts afresh, after a few
+// misses, on each new page, and the page it guesses next is the one after: another
+// sequence's block. So a pass over a sequence's blocks touches the first two lines of each
+// page kKickAhead bytes on, and the streamer brings in the rest of the page. (Prefetching
+// all of a block's lines a few blocks ahead instead, into L1 or L2, left a read of
+// shuffled 8 KiB blocks where it was: the prefetches wait for fill buffers.)
+class PageKicker {
+ public:
+  // The blocks holding positions [lo, end) of a sequence in K or V (`base`).
+  PageKicker(const void* base, const KVCacheLayer& c, const int32_t* block_table, int64_t lo,
+             int64_t end)
+      : base_(static_cast<const char*>(base)),
+        table_(block_table),
+        block_bytes_(int64_t(kBlockSize) * c.num_kv_heads * c.head_dim * dtype_size(c.dtype)),
+        ahead_(std::max<int64_t>(1, kKickAhead / block_bytes_)),
+        lo_(lo),
+        next_(lo / kBlockSize),
+        last_((end - 1) / kBlockSize) {}
+
+  // The pass has reached position lo + i: kicks the blocks up to `ahead_` past its own.
+  void reach(int64_t i) {
+    for (const int64_t upto = std::min(last_, (lo_ + i) / kBlockSize + ahead_); next_ <= upto;
+         ++next_) {
+      const char* block = base_ + table_[next_] * block_bytes_;
+      const uintptr_t end = reinterpret_cast<uintptr_t>(block + block_bytes_);
+      for (uintptr_t a = reinterpret_cast<uintptr_t>(block); a < end; a = (a | (kPage - 1)) + 1)
+        for (uintptr_t line = a; line < std::min(end, a + 2 * 64); line += 64)
+          detail::prefetch_l2(reinterpret_cast<const void*>(line));
+    }
+  }
+
+ private:
+  static constexpr int64_t kKickAhead = 64 << 10, kPage = 4096;
+  const char* base_;
+  const int32_t* table_;
+  int64_t block_bytes_, ahead_, lo_, next_, last_;
+};
 
 // K or V (`base`) moved on by kk KV heads: for the rows at element offsets of KV head h,
 // the same offsets then address KV head h + kk's rows.
@@ -473,7 +510,7 @@ inline __m256 tree_sum8x8(const float* red) {
 }
 
 constexpr int kScoreHeads = 6;     // heads a pass over a K row: 12 or 6 accumulators
-constexpr int64_t kKeyAhead = 32;  // K rows prefetched ahead of the score pass
+constexpr int64_t kKeyAhead = 16;  // K rows prefetched into L1 ahead of the score pass
 using ScoreLanesFn = void (*)(const float*, int64_t, const void*, const int64_t*, int64_t, int64_t,
                               float*);
 template <DType T, bool Full, int NH>
@@ -498,10 +535,12 @@ constexpr std::array<std::array<ScoreLanesFn, kScoreHeads>, 2> kScoreLanes = {
 // heads (hk each: head kk * hk + r reads KV head kk, whose rows are kk * head_dim elements
 // past offsets[i]) and each of the npos positions, 8 positions at a time: each K row is
 // read once for up to 6 heads, and the rows of a position's nkv heads (contiguous in the
-// cache) one after another. Meanwhile the K rows kKeyAhead positions on are prefetched.
+// cache) one after another. Meanwhile the K rows kKeyAhead positions on are prefetched
+// into L1, and `kick` starts the streamer on the blocks further on.
 void scores_simd(const float* const* q, int hk, int nkv, const int64_t* offsets, int64_t npos,
                  const KVCacheLayer& c, float scale, float* scores, int64_t stride,
-                 float* qpad) {  // [heads, Dp], 64-byte aligned
+                 float* qpad,  // [heads, Dp], 64-byte aligned
+                 PageKicker& kick) {
   const int64_t D = c.head_dim;
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   const int heads = hk * nkv;
@@ -518,6 +557,7 @@ void scores_simd(const float* const* q, int hk, int nkv, const int64_t* offsets,
   alignas(64) float red[kScoreHeads * 8 * 8];
   for (int64_t i0 = 0; i0 < npos; i0 += 8) {
     const int64_t n = std::min<int64_t>(8, npos - i0);
+    kick.reach(i0);
     for (int64_t i = i0 + kKeyAhead; i < std::min(npos, i0 + kKeyAhead + 8); ++i)
       prefetch_cache_row(c.k, c.dtype, offsets[i], run);
     for (int kk = 0; kk < nkv; ++kk) {
@@ -563,14 +603,17 @@ constexpr int64_t kValueRound = 128;
 // for the heads of nkv KV heads laid out as in scores_simd; p is at scores + h * stride.
 // Register tiles of up to 6 heads and as many chunks of head_dim as fit beside them, in
 // rounds of kValueRound positions: a tile carries its sums through acc ([heads][Dp]) from
-// round to round, so every element is one fma chain over its positions in order, and
-// the next round's V rows of all nkv heads (contiguous for a position) are prefetched
-// into L2 during a round, so that its tiles, which each read a row's chunks of one head,
-// find them there. A KV head's rows are num_kv_heads * head_dim elements apart: they share
-// a few L1 sets, and each tile's pass over a round reads them from L2.
+// round to round, so every element is one fma chain over its positions in order. At the
+// start of a round, `kick` starts the streamer on the pages of the next round's blocks,
+// so that the round's tiles, which each read a row's chunks of one head, find them in L2.
+// (Prefetching each of the next round's lines into L2 instead cost cache-resident passes
+// a fifth of their time, and gained nothing from memory.) A KV head's rows are
+// num_kv_heads * head_dim elements apart: they share a few L1 sets, and each tile's pass
+// over a round reads them from L2.
 void accumulate_values_simd(const float* scores, int64_t stride, const int64_t* begin,
                             const int64_t* end, const int64_t* offsets, const KVCacheLayer& c,
-                            int hk, int nkv, const float* sum, float* const* out, float* acc) {
+                            int hk, int nkv, const float* sum, float* const* out, float* acc,
+                            PageKicker& kick) {
   const int64_t D = c.head_dim;
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   const int heads = hk * nkv;
@@ -580,15 +623,10 @@ void accumulate_values_simd(const float* scores, int64_t stride, const int64_t* 
                                                : value_tiles<DType::kBF16>();
   const int64_t first = *std::min_element(begin, begin + heads);
   const int64_t last = *std::max_element(end, end + heads);
-  const auto prefetch_round = [&](int64_t from) {
-    for (int64_t i = from; i < std::min(last, from + kValueRound); ++i)
-      prefetch_cache_row(c.v, c.dtype, offsets[i], nkv * D, true);
-  };
   std::fill(acc, acc + heads * Dp, 0.f);
-  prefetch_round(first);
   for (int64_t r0 = first; r0 < last; r0 += kValueRound) {
     const int64_t r1 = std::min(last, r0 + kValueRound);
-    prefetch_round(r1);
+    kick.reach(r1);
     for (int kk = 0; kk < nkv; ++kk) {
       const void* v = kv_head_rows(c.v, c, kk);
       for (int h0 = kk * hk; h0 < (kk + 1) * hk; h0 += kValueTileHeads) {
@@ -677,7 +715,8 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, int nkv, const
   if (simd) {
     float* qpad = s.qpad.data();
     qpad += (kLanes - reinterpret_cast<uintptr_t>(qpad) / sizeof(float) % kLanes) % kLanes;
-    scores_simd(hq, hk, nkv, offsets, npos, c, scale, scores, stride, qpad);
+    PageKicker kick_k(c.k, c, block_table, lo, lo + npos);
+    scores_simd(hq, hk, nkv, offsets, npos, c, scale, scores, stride, qpad, kick_k);
   } else
 #endif
   {
@@ -730,7 +769,9 @@ void attend(bool simd, const float* q, int64_t ld, int nq, int G, int nkv, const
   // Weighted sum of values.
 #if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
   if (simd) {
-    accumulate_values_simd(scores, stride, begin, end, offsets, c, hk, nkv, sum, outs, acc);
+    PageKicker kick_v(c.v, c, block_table, lo, lo + npos);
+    kick_v.reach(0);
+    accumulate_values_simd(scores, stride, begin, end, offsets, c, hk, nkv, sum, outs, acc, kick_v);
     return;
   }
 #endif
