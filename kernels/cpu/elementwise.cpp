@@ -89,6 +89,20 @@ void silu_mul_span(const float* gate, const float* up, int64_t n, float* out) {
 // others costs more than the work.
 constexpr int64_t kSmallElementwise = 8192;
 
+// The smallest index of the largest value over the lanes of the vector argmax's chains, -1
+// when no lane took a value (a lane that took one holds one above -inf).
+int64_t merge_argmax_lanes(const float* values, const int32_t* indices, int lanes) {
+  float top = -INFINITY;
+  int32_t first = -1;
+  for (int l = 0; l < lanes; ++l) {
+    if (indices[l] >= 0 && (values[l] > top || (values[l] == top && indices[l] < first))) {
+      top = values[l];
+      first = indices[l];
+    }
+  }
+  return first;
+}
+
 // The index of the first maximum of row[0, n); NaN never wins (a row of NaN gives 0).
 int64_t argmax_row(const float* row, int64_t n) {
 #if defined(PAGELLM_KERNELS_AVX512)
@@ -126,17 +140,48 @@ int64_t argmax_row(const float* row, int64_t n) {
       _mm512_storeu_ps(values + c * kLanes, best[c]);
       _mm512_storeu_si512(indices + c * kLanes, at[c]);
     }
-    // A lane that took a value holds one above -inf.
-    float top = -INFINITY;
-    int32_t first = -1;
-    for (int l = 0; l < kChains * kLanes; ++l) {
-      if (indices[l] >= 0 && (values[l] > top || (values[l] == top && indices[l] < first))) {
-        top = values[l];
-        first = indices[l];
-      }
-    }
+    const int64_t first = merge_argmax_lanes(values, indices, kChains * kLanes);
     if (first >= 0) return first;
     // No value above -inf: the scalar loop finds the first -inf, if any.
+  }
+#elif defined(PAGELLM_KERNELS_AVX2)
+  if (detail::use_simd_or_avx2() && n < (int64_t(1) << 31) - 32) {
+    // The AVX-512 form's chains on 8 lanes, over the whole vectors of the row; the
+    // positions past them go through the scalar step from the chains' first maximum.
+    constexpr int kChains = 4, kWidth = 8;
+    __m256 best[kChains];
+    __m256i at[kChains];
+    for (int c = 0; c < kChains; ++c) {
+      best[c] = _mm256_set1_ps(-INFINITY);
+      at[c] = _mm256_set1_epi32(-1);
+    }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const auto take = [&](int c, __m256 v, int64_t at0) {
+      const __m256 up = _mm256_cmp_ps(v, best[c], _CMP_GT_OQ);
+      best[c] = _mm256_blendv_ps(best[c], v, up);
+      at[c] = _mm256_blendv_epi8(at[c],
+                                 _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int>(at0))),
+                                 _mm256_castps_si256(up));
+    };
+    int64_t i = 0;
+    for (; i + kChains * kWidth <= n; i += kChains * kWidth)
+      for (int c = 0; c < kChains; ++c)
+        take(c, _mm256_loadu_ps(row + i + c * kWidth), i + c * kWidth);
+    for (; i + kWidth <= n; i += kWidth)
+      take(0, _mm256_loadu_ps(row + i), i);
+    float values[kChains * kWidth];
+    int32_t indices[kChains * kWidth];
+    for (int c = 0; c < kChains; ++c) {
+      _mm256_storeu_ps(values + c * kWidth, best[c]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(indices + c * kWidth), at[c]);
+    }
+    int64_t first = merge_argmax_lanes(values, indices, kChains * kWidth);
+    if (first >= 0) {
+      for (; i < n; ++i)
+        if (row[i] > row[first]) first = i;
+      return first;
+    }
+    // No value above -inf among the vectors: the scalar loop, over the whole row.
   }
 #endif
   int64_t best = 0;

@@ -131,6 +131,20 @@ void weights(const float* logits, int32_t vocab, float inv_t, float* w) {
     }
     max_logit = _mm512_reduce_max_ps(mx);
   }
+#elif defined(PAGELLM_KERNELS_AVX2)
+  if (detail::use_simd_or_avx2()) {
+    const __m256 scale = _mm256_set1_ps(inv_t);
+    __m256 mx = _mm256_set1_ps(max_logit);
+    for (; i + 8 <= vocab; i += 8) {
+      const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(logits + i), scale);
+      _mm256_storeu_ps(w + i, x);
+      mx = _mm256_max_ps(x, mx);  // a NaN x keeps mx
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mx);
+    for (float x : lanes)
+      max_logit = std::max(max_logit, x);
+  }
 #endif
   for (; i < vocab; ++i) {
     w[i] = logits[i] * inv_t;

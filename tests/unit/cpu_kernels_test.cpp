@@ -566,7 +566,7 @@ TEST(CpuArgmax, FirstMaximumPerRow) {
 
 // The vector form keeps several chains of lanes and merges them: every position of the
 // maximum, ties across and within chains, NaN and infinities, and lengths around the
-// chains' 64 values, against the definition, on both paths.
+// chains' 64 values (32 in the AVX2 form), against the definition, on both paths.
 TEST(CpuArgmax, FirstMaximumWithNaNInfinitiesAndTiesAtEveryLength) {
   const auto reference = [](const float* row, int64_t n) {
     int64_t best = -1;
@@ -577,7 +577,8 @@ TEST(CpuArgmax, FirstMaximumWithNaNInfinitiesAndTiesAtEveryLength) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::mt19937 rng(11);
-  for (int64_t n : {1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 1001, 32000}) {
+  for (int64_t n :
+       {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 127, 128, 129, 200, 1001, 32000}) {
     std::vector<std::vector<float>> rows;
     rows.push_back(std::vector<float>(n, -inf));
     rows.push_back(std::vector<float>(n, nan));
@@ -1070,6 +1071,10 @@ TEST(CpuSample, InfiniteLogitsAreWeightedAsOnTheDevice) {
   long_row[3] = nan;
   long_row[21] = inf;
   long_row[30] = -inf;
+  // A NaN in the maximum's lane of a later vector (8 and 16 lanes) leaves the maximum.
+  std::vector<float> nan_after = random_floats(37, 5);
+  nan_after[5] = inf;
+  nan_after[21] = nan;
   for (bool portable : {false, true}) {
     ScopedPortable scoped(portable);
     for (int s = 0; s < 50; ++s) {
@@ -1077,6 +1082,7 @@ TEST(CpuSample, InfiniteLogitsAreWeightedAsOnTheDevice) {
       EXPECT_EQ(sample_one({1.0f, inf, 3.0f, -inf}, {}, u), 1);
       EXPECT_EQ(sample_one({-inf, -inf, -inf, -inf}, {}, u), static_cast<int32_t>(u * 4));
       EXPECT_EQ(sample_one(long_row, {}, u), 21);
+      EXPECT_EQ(sample_one(nan_after, {}, u), 5);
       EXPECT_EQ(sample_one(std::vector<float>(37, -inf), {}, u), static_cast<int32_t>(u * 37));
     }
   }
