@@ -536,7 +536,8 @@ constexpr std::array<std::array<ScoreLanesFn, kScoreHeads>, 2> kScoreLanes = {
 // past offsets[i]) and each of the npos positions, 8 positions at a time: each K row is
 // read once for up to 6 heads, and the rows of a position's nkv heads (contiguous in the
 // cache) one after another. Meanwhile the K rows kKeyAhead positions on are prefetched
-// into L1, and `kick` starts the streamer on the blocks further on.
+// into L1, a share of the 8 positions before each KV head's scores (in one burst, they
+// waited on the fill buffers), and `kick` starts the streamer on the blocks further on.
 void scores_simd(const float* const* q, int hk, int nkv, const int64_t* offsets, int64_t npos,
                  const KVCacheLayer& c, float scale, float* scores, int64_t stride,
                  float* qpad,  // [heads, Dp], 64-byte aligned
@@ -558,9 +559,10 @@ void scores_simd(const float* const* q, int hk, int nkv, const int64_t* offsets,
   for (int64_t i0 = 0; i0 < npos; i0 += 8) {
     const int64_t n = std::min<int64_t>(8, npos - i0);
     kick.reach(i0);
-    for (int64_t i = i0 + kKeyAhead; i < std::min(npos, i0 + kKeyAhead + 8); ++i)
-      prefetch_cache_row(c.k, c.dtype, offsets[i], run);
     for (int kk = 0; kk < nkv; ++kk) {
+      for (int64_t i = i0 + kKeyAhead + kk * 8 / nkv;
+           i < std::min(npos, i0 + kKeyAhead + (kk + 1) * 8 / nkv); ++i)
+        prefetch_cache_row(c.k, c.dtype, offsets[i], run);
       const void* k = kv_head_rows(c.k, c, kk);
       for (int h0 = kk * hk; h0 < (kk + 1) * hk; h0 += kScoreHeads) {
         const int nh = std::min(kScoreHeads, (kk + 1) * hk - h0);
