@@ -89,6 +89,7 @@ void silu_mul_span(const float* gate, const float* up, int64_t n, float* out) {
 // others costs more than the work.
 constexpr int64_t kSmallElementwise = 8192;
 
+#if defined(PAGELLM_KERNELS_AVX512) || defined(PAGELLM_KERNELS_AVX2)
 // The smallest index of the largest value over the lanes of the vector argmax's chains, -1
 // when no lane took a value (a lane that took one holds one above -inf).
 int64_t merge_argmax_lanes(const float* values, const int32_t* indices, int lanes) {
@@ -102,6 +103,7 @@ int64_t merge_argmax_lanes(const float* values, const int32_t* indices, int lane
   }
   return first;
 }
+#endif
 
 // The index of the first maximum of row[0, n); NaN never wins (a row of NaN gives 0).
 int64_t argmax_row(const float* row, int64_t n) {
