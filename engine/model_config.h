@@ -34,9 +34,9 @@ struct RopeScaling {
   double high_freq_factor = 4.0;                    // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3, yarn
   Type type = Type::kLlama3;
-  double beta_fast = 32.0;                 // yarn
-  double beta_slow = 1.0;                  // yarn
-  std::optional<double> attention_factor;  // yarn
+  double beta_fast = 32.0;                                // yarn
+  double beta_slow = 1.0;                                 // yarn
+  std::optional<double> attention_factor = std::nullopt;  // yarn
   bool truncate = true;  // yarn: the band's ends rounded outward to whole dimensions
 };
 

@@ -258,7 +258,10 @@ void PrintTo(const ArchCase& c, std::ostream* os) {
 std::vector<ArchCase> arch_cases() {
   std::vector<ArchCase> out;
   DemoModelSpec llama = demo_model_preset("tiny", Architecture::kLlama);
-  llama.rope_scaling = RopeScaling{8.0, 1.0, 4.0, 256};
+  llama.rope_scaling = RopeScaling{.factor = 8.0,
+                                   .low_freq_factor = 1.0,
+                                   .high_freq_factor = 4.0,
+                                   .original_max_position_embeddings = 256};
   llama.tie_word_embeddings = true;
   out.push_back({"llama3_scaled_tied", llama});
   DemoModelSpec mistral = demo_model_preset("tiny", Architecture::kMistral);

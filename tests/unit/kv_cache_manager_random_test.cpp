@@ -200,7 +200,9 @@ class RandomKVCacheTest {
     ASSERT_LT(dropped, table.num_blocks()) << "the last block must survive";
     ASSERT_LE(dropped * kBlockSize, std::max({first_needed, s.released_tokens, 0}));
     ASSERT_GE(dropped * kBlockSize, s.released_tokens);
-    if (released > 0) EXPECT_THROW(table.slot(dropped * kBlockSize - 1), PagingError);
+    if (released > 0) {
+      EXPECT_THROW(table.slot(dropped * kBlockSize - 1), PagingError);
+    }
     s.released_tokens = dropped * kBlockSize;
     ++slides_;
   }
@@ -219,7 +221,9 @@ class RandomKVCacheTest {
     EXPECT_THROW(kv_.allocate_slots(unknown, 1), PagingError);
     EXPECT_THROW(kv_.add_sequence(unknown, PrefixMatch{}, kv_.pool().num_blocks() * kBlockSize + 1),
                  PagingError);
-    if (!seqs_.empty()) EXPECT_THROW(kv_.fork_sequence(pick(), seqs_.begin()->first), PagingError);
+    if (!seqs_.empty()) {
+      EXPECT_THROW(kv_.fork_sequence(pick(), seqs_.begin()->first), PagingError);
+    }
     const KVCacheUsage after = kv_.usage();
     EXPECT_EQ(after.used_blocks, before.used_blocks);
     EXPECT_EQ(after.cached_free_blocks, before.cached_free_blocks);
@@ -298,10 +302,14 @@ TEST_P(KVCacheManagerRandomTest, InvariantsHoldAfterEveryOperation) {
   test.run(20000);
   // The run must have exercised what it claims to.
   EXPECT_GT(test.admitted(), 500);
-  if (c.prefix_caching) EXPECT_GT(test.hit_tokens(), 0);
+  if (c.prefix_caching) {
+    EXPECT_GT(test.hit_tokens(), 0);
+  }
   EXPECT_GT(test.copies(), 0);
   EXPECT_GT(test.slides(), 0);
-  if (c.num_blocks <= 32) EXPECT_GT(test.refused(), 0);
+  if (c.num_blocks <= 32) {
+    EXPECT_GT(test.refused(), 0);
+  }
   RecordProperty("admitted", std::to_string(test.admitted()));
 }
 

@@ -197,11 +197,14 @@ std::vector<ArchCase> cases() {
   DemoModelSpec llama = tiny(Architecture::kLlama);
   out.push_back({"llama", llama});
   DemoModelSpec llama31 = tiny(Architecture::kLlama);
-  llama31.rope_scaling = RopeScaling{8.0, 1.0, 4.0, 64};
+  llama31.rope_scaling = RopeScaling{.factor = 8.0,
+                                     .low_freq_factor = 1.0,
+                                     .high_freq_factor = 4.0,
+                                     .original_max_position_embeddings = 64};
   llama31.tie_word_embeddings = true;
   out.push_back({"llama3_scaled_tied", llama31});
   DemoModelSpec linear = tiny(Architecture::kLlama);
-  linear.rope_scaling = RopeScaling{4.0};
+  linear.rope_scaling = RopeScaling{.factor = 4.0};
   linear.rope_scaling->type = RopeScaling::Type::kLinear;
   out.push_back({"llama_linear_rope", linear});
   // YaRN over an original context of 32: for the tiny head's 8 frequencies, the band of
@@ -211,7 +214,7 @@ std::vector<ArchCase> cases() {
   // different numbers: float32 weights (and cache) compare the arithmetic itself.
   DemoModelSpec yarn = tiny(Architecture::kLlama);
   yarn.dtype = kernels::DType::kF32;
-  yarn.rope_scaling = RopeScaling{8.0};
+  yarn.rope_scaling = RopeScaling{.factor = 8.0};
   yarn.rope_scaling->type = RopeScaling::Type::kYarn;
   yarn.rope_scaling->original_max_position_embeddings = 32;
   out.push_back({"llama_yarn_rope", yarn});

@@ -583,8 +583,12 @@ TEST(RopeInvFreq, YarnKeepsHighFrequenciesAndDividesLowOnes) {
   ASSERT_EQ(f.size(), 32u);
   for (int i = 0; i < 32; ++i) {
     const double plain = 1.0 / std::pow(1e6, 2.0 * i / 64);
-    if (i <= 11) EXPECT_NEAR(f[i], plain, plain * 2e-6) << i;
-    if (i >= 20) EXPECT_NEAR(f[i], plain / 4, plain / 4 * 2e-6) << i;
+    if (i <= 11) {
+      EXPECT_NEAR(f[i], plain, plain * 2e-6) << i;
+    }
+    if (i >= 20) {
+      EXPECT_NEAR(f[i], plain / 4, plain / 4 * 2e-6) << i;
+    }
   }
   EXPECT_NEAR(f[15], 0.0010266176840396616, 0.0010266176840396616 * 2e-6);  // 4/9 of the way
   EXPECT_NEAR(f[31], 3.84981631514873e-07, 3.84981631514873e-07 * 2e-6);
