@@ -80,16 +80,24 @@ const ordered_json* field(const ordered_json& body, const char* name) {
   return &*it;
 }
 
+// What a refused field held, for its error: a number as written, anything else by kind.
+std::string describe(const ordered_json& v) {
+  if (v.is_number()) return v.dump();
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  return v.is_array() ? "an array" : "an object";
+}
+
 std::optional<double> number_field(const ordered_json& body, const char* name, double lo, double hi,
                                    bool lo_open = false) {
   const ordered_json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_number()) fail(std::string("'") + name + "' must be a number", name);
-  const double x = v->get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+  const double x = v->is_number() ? v->get<double>() : 0.0;
+  if (!v->is_number() || !std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
     char range[96];
     std::snprintf(range, sizeof range, "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
-    fail(std::string("'") + name + "' must be in " + range + ", got " + v->dump(), name);
+    fail(std::string("'") + name + "' must be a number in " + range + ", got " + describe(*v),
+         name);
   }
   return x;
 }
@@ -98,18 +106,16 @@ std::optional<int64_t> int_field(const ordered_json& body, const char* name, int
                                  int64_t hi) {
   const ordered_json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_number_integer()) fail(std::string("'") + name + "' must be an integer", name);
-  // Unsigned values over int64 would wrap; they are out of range anyway.
-  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(hi)) {
-    fail(std::string("'") + name + "' is too large", name);
-  }
-  const int64_t x = v->get<int64_t>();
-  if (x < lo || x > hi) {
-    fail(std::string("'") + name + "' must be between " + std::to_string(lo) + " and " +
-             std::to_string(hi) + ", got " + std::to_string(x),
+  // Unsigned values over int64 would wrap in get<int64_t>(); they are out of range anyway.
+  const bool in_range = v->is_number_integer() &&
+                        !(v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(hi)) &&
+                        v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
+  if (!in_range) {
+    fail(std::string("'") + name + "' must be an integer in [" + std::to_string(lo) + ", " +
+             std::to_string(hi) + "], got " + describe(*v),
          name);
   }
-  return x;
+  return v->get<int64_t>();
 }
 
 std::optional<bool> bool_field(const ordered_json& body, const char* name) {
@@ -156,7 +162,7 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
     p.top_k = static_cast<int32_t>(std::max<int64_t>(*v, 0));
   if (auto v = number_field(body, "min_p", 0.0, 1.0)) p.min_p = float(*v);
   if (const ordered_json* v = field(body, "seed")) {
-    if (!v->is_number_integer()) fail("'seed' must be an integer", "seed");
+    if (!v->is_number_integer()) fail("'seed' must be an integer, got " + describe(*v), "seed");
     p.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(v->get<int64_t>());
   }
   if (auto v = number_field(body, "presence_penalty", -2.0, 2.0)) p.presence_penalty = float(*v);

@@ -215,6 +215,29 @@ TEST(OpenAIProtocol, RefusesBadChatRequests) {
   EXPECT_NE(e.message.find("temperature"), std::string::npos) << e.message;
 }
 
+// An integer field out of range reads the same whatever the number's JSON form: within
+// int64, past it as an unsigned integer, or past both (which JSON parsing makes a double).
+TEST(OpenAIProtocol, RangeErrorsNameTheRangeAndWhatCame) {
+  const auto message = [](const std::string& fields) {
+    return chat_error(chat_with(fields)).message;
+  };
+  const std::string priority = "'priority' must be an integer in [-2147483647, 2147483647], got ";
+  EXPECT_EQ(message(R"("priority": 3000000000)"), priority + "3000000000");
+  EXPECT_EQ(message(R"("priority": 18446744073709551615)"), priority + "18446744073709551615");
+  EXPECT_EQ(message(R"("priority": -9223372036854775808)"), priority + "-9223372036854775808");
+  EXPECT_EQ(message(R"("priority": -10000000000000000000)"), priority + "-1e+19");
+  EXPECT_EQ(message(R"("priority": 1.5)"), priority + "1.5");
+  EXPECT_EQ(message(R"("max_tokens": "5")"),
+            "'max_tokens' must be an integer in [1, 2147483647], got a string");
+  EXPECT_EQ(message(R"("n": [2])"), "'n' must be an integer in [1, 16], got an array");
+  EXPECT_EQ(message(R"("temperature": 3)"), "'temperature' must be a number in [0, 2], got 3");
+  EXPECT_EQ(message(R"("top_p": 0)"), "'top_p' must be a number in (0, 1], got 0");
+  EXPECT_EQ(message(R"("temperature": true)"),
+            "'temperature' must be a number in [0, 2], got a boolean");
+  EXPECT_EQ(message(R"("seed": {"a": 1})"), "'seed' must be an integer, got an object");
+  EXPECT_EQ(message(R"("seed": 1.0)"), "'seed' must be an integer, got 1.0");
+}
+
 // A number past a double's range is not valid JSON here, and nesting deeper than 128
 // levels is refused before the body is walked (the chat path recurses into messages).
 TEST(OpenAIProtocol, RefusesOverflowingNumbersAndDeepNesting) {
