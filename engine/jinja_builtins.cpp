@@ -112,24 +112,6 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
   return out;
 }
 
-std::string py_title(const std::string& s) {
-  std::string out;
-  bool prev_cased = false;
-  for (char32_t c : utf8_decode(s)) {
-    const bool cased = is_cased(c);
-    utf8_append(out, cased ? (prev_cased ? to_lower(c) : to_upper(c)) : c);
-    prev_cased = cased;
-  }
-  return out;
-}
-
-std::string py_capitalize(const std::string& s) {
-  std::u32string u = utf8_decode(s);
-  for (size_t i = 0; i < u.size(); ++i)
-    u[i] = i == 0 ? to_upper(u[i]) : to_lower(u[i]);
-  return utf8_encode(u);
-}
-
 bool affix_match(const std::string& s, const Value& affix, bool prefix, int line) {
   auto one = [&](const Value& a) {
     const std::string x = require_string(a, prefix ? "startswith" : "endswith", line);
@@ -182,8 +164,8 @@ Value string_method(const std::string& s, const std::string& name, CallArgs& a) 
   }
   if (name == "upper") return str_upper(s);
   if (name == "lower") return str_lower(s);
-  if (name == "title") return py_title(s);
-  if (name == "capitalize") return py_capitalize(s);
+  if (name == "title") return str_title(s);
+  if (name == "capitalize") return str_capitalize(s);
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
     const std::string sub = require_string(a.get(0, "sub"), name.c_str(), line);
     const size_t at = name[0] == 'r' ? s.rfind(sub) : s.find(sub);

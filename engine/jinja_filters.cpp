@@ -56,15 +56,21 @@ Value filter_capitalize(const Value& v, CallArgs& a) {
   return call_value(get_attr(Value(to_str(v)), "capitalize", a.line), none, a.line);
 }
 
-// jinja2's title: capitalize each word, words split at whitespace, '-' and brackets.
+// jinja2's title: each word's first character uppercased and the rest lowercased (as
+// Python's str.upper() and lower() do), words split at whitespace, '-' and brackets.
 Value filter_title(const Value& v, CallArgs&) {
+  const std::u32string text = utf8_decode(to_str(v));
+  const auto separator = [](char32_t c) {
+    return is_python_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+  };
   std::string out;
-  bool word_start = true;
-  for (char32_t c : utf8_decode(to_str(v))) {
-    const bool separator =
-        is_python_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
-    utf8_append(out, separator ? c : (word_start ? to_upper(c) : to_lower(c)));
-    word_start = separator;
+  for (size_t i = 0; i < text.size();) {
+    size_t end = i + 1;
+    while (end < text.size() && separator(text[end]) == separator(text[i]))
+      ++end;
+    out += str_upper(utf8_encode(text.substr(i, 1)));
+    out += str_lower(utf8_encode(text.substr(i + 1, end - i - 1)));
+    i = end;
   }
   return out;
 }

@@ -2,6 +2,10 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <iterator>
+
 #include "engine/utf8.h"
 
 namespace pagellm::engine::jinja {
@@ -75,8 +79,30 @@ char32_t to_upper(char32_t c) {
 char32_t to_lower(char32_t c) {
   return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c)));
 }
+// Cased (Unicode D135) is Lu, Ll and Lt, and Other_Lowercase and Other_Uppercase. Those
+// two are mostly letters and symbols with case mappings; these ranges hold the rest
+// (modifier letters like U+02B0, the ordinals U+00AA and U+00BA, squared letters).
+constexpr char32_t kCasedWithoutMapping[][2] = {
+    {0xAA, 0xAA},       {0xBA, 0xBA},       {0x2B0, 0x2B8},     {0x2C0, 0x2C1},
+    {0x2E0, 0x2E4},     {0x37A, 0x37A},     {0x1D2C, 0x1D6A},   {0x1D78, 0x1D78},
+    {0x1D9B, 0x1DBF},   {0x2071, 0x2071},   {0x207F, 0x207F},   {0x2090, 0x209C},
+    {0x2C7C, 0x2C7D},   {0xA69C, 0xA69D},   {0xA770, 0xA770},   {0xA7F8, 0xA7F9},
+    {0xAB5C, 0xAB5F},   {0x10780, 0x10780}, {0x10783, 0x10785}, {0x10787, 0x107B0},
+    {0x107B2, 0x107BA}, {0x1F130, 0x1F149}, {0x1F150, 0x1F169}, {0x1F170, 0x1F189}};
+
 bool is_cased(char32_t c) {
-  return to_upper(c) != c || to_lower(c) != c;
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+      return true;
+    default:
+      break;
+  }
+  if (to_upper(c) != c || to_lower(c) != c) return true;
+  for (const auto& r : kCasedWithoutMapping)
+    if (c >= r[0] && c <= r[1]) return true;
+  return false;
 }
 
 bool is_alpha(char32_t c) {
@@ -97,29 +123,251 @@ bool is_digit(char32_t c) {
 }
 
 namespace {
-template <typename Map>
-std::string map_chars(std::string_view text, Map map) {
-  std::string out;
-  out.reserve(text.size());
-  bool ascii = true;
-  for (unsigned char c : text)
-    ascii = ascii && c < 0x80;
-  if (ascii) {
-    for (char c : text)
-      out.push_back(static_cast<char>(map(static_cast<char32_t>(c))));
-    return out;
+
+// Unicode's unconditional mappings of one code point to several (SpecialCasing.txt),
+// which Python's str.upper(), title() and lower() apply and the one-to-one mappings of
+// utf8proc leave out. Sorted by code point.
+struct FullMapping {
+  char32_t from;
+  char32_t to[3];  // 0 past the end
+};
+
+constexpr FullMapping kFullUpper[] = {
+    {0x00DF, {0x0053, 0x0053}},         {0x0149, {0x02BC, 0x004E}},
+    {0x01F0, {0x004A, 0x030C}},         {0x0390, {0x0399, 0x0308, 0x0301}},
+    {0x03B0, {0x03A5, 0x0308, 0x0301}}, {0x0587, {0x0535, 0x0552}},
+    {0x1E96, {0x0048, 0x0331}},         {0x1E97, {0x0054, 0x0308}},
+    {0x1E98, {0x0057, 0x030A}},         {0x1E99, {0x0059, 0x030A}},
+    {0x1E9A, {0x0041, 0x02BE}},         {0x1F50, {0x03A5, 0x0313}},
+    {0x1F52, {0x03A5, 0x0313, 0x0300}}, {0x1F54, {0x03A5, 0x0313, 0x0301}},
+    {0x1F56, {0x03A5, 0x0313, 0x0342}}, {0x1F80, {0x1F08, 0x0399}},
+    {0x1F81, {0x1F09, 0x0399}},         {0x1F82, {0x1F0A, 0x0399}},
+    {0x1F83, {0x1F0B, 0x0399}},         {0x1F84, {0x1F0C, 0x0399}},
+    {0x1F85, {0x1F0D, 0x0399}},         {0x1F86, {0x1F0E, 0x0399}},
+    {0x1F87, {0x1F0F, 0x0399}},         {0x1F88, {0x1F08, 0x0399}},
+    {0x1F89, {0x1F09, 0x0399}},         {0x1F8A, {0x1F0A, 0x0399}},
+    {0x1F8B, {0x1F0B, 0x0399}},         {0x1F8C, {0x1F0C, 0x0399}},
+    {0x1F8D, {0x1F0D, 0x0399}},         {0x1F8E, {0x1F0E, 0x0399}},
+    {0x1F8F, {0x1F0F, 0x0399}},         {0x1F90, {0x1F28, 0x0399}},
+    {0x1F91, {0x1F29, 0x0399}},         {0x1F92, {0x1F2A, 0x0399}},
+    {0x1F93, {0x1F2B, 0x0399}},         {0x1F94, {0x1F2C, 0x0399}},
+    {0x1F95, {0x1F2D, 0x0399}},         {0x1F96, {0x1F2E, 0x0399}},
+    {0x1F97, {0x1F2F, 0x0399}},         {0x1F98, {0x1F28, 0x0399}},
+    {0x1F99, {0x1F29, 0x0399}},         {0x1F9A, {0x1F2A, 0x0399}},
+    {0x1F9B, {0x1F2B, 0x0399}},         {0x1F9C, {0x1F2C, 0x0399}},
+    {0x1F9D, {0x1F2D, 0x0399}},         {0x1F9E, {0x1F2E, 0x0399}},
+    {0x1F9F, {0x1F2F, 0x0399}},         {0x1FA0, {0x1F68, 0x0399}},
+    {0x1FA1, {0x1F69, 0x0399}},         {0x1FA2, {0x1F6A, 0x0399}},
+    {0x1FA3, {0x1F6B, 0x0399}},         {0x1FA4, {0x1F6C, 0x0399}},
+    {0x1FA5, {0x1F6D, 0x0399}},         {0x1FA6, {0x1F6E, 0x0399}},
+    {0x1FA7, {0x1F6F, 0x0399}},         {0x1FA8, {0x1F68, 0x0399}},
+    {0x1FA9, {0x1F69, 0x0399}},         {0x1FAA, {0x1F6A, 0x0399}},
+    {0x1FAB, {0x1F6B, 0x0399}},         {0x1FAC, {0x1F6C, 0x0399}},
+    {0x1FAD, {0x1F6D, 0x0399}},         {0x1FAE, {0x1F6E, 0x0399}},
+    {0x1FAF, {0x1F6F, 0x0399}},         {0x1FB2, {0x1FBA, 0x0399}},
+    {0x1FB3, {0x0391, 0x0399}},         {0x1FB4, {0x0386, 0x0399}},
+    {0x1FB6, {0x0391, 0x0342}},         {0x1FB7, {0x0391, 0x0342, 0x0399}},
+    {0x1FBC, {0x0391, 0x0399}},         {0x1FC2, {0x1FCA, 0x0399}},
+    {0x1FC3, {0x0397, 0x0399}},         {0x1FC4, {0x0389, 0x0399}},
+    {0x1FC6, {0x0397, 0x0342}},         {0x1FC7, {0x0397, 0x0342, 0x0399}},
+    {0x1FCC, {0x0397, 0x0399}},         {0x1FD2, {0x0399, 0x0308, 0x0300}},
+    {0x1FD3, {0x0399, 0x0308, 0x0301}}, {0x1FD6, {0x0399, 0x0342}},
+    {0x1FD7, {0x0399, 0x0308, 0x0342}}, {0x1FE2, {0x03A5, 0x0308, 0x0300}},
+    {0x1FE3, {0x03A5, 0x0308, 0x0301}}, {0x1FE4, {0x03A1, 0x0313}},
+    {0x1FE6, {0x03A5, 0x0342}},         {0x1FE7, {0x03A5, 0x0308, 0x0342}},
+    {0x1FF2, {0x1FFA, 0x0399}},         {0x1FF3, {0x03A9, 0x0399}},
+    {0x1FF4, {0x038F, 0x0399}},         {0x1FF6, {0x03A9, 0x0342}},
+    {0x1FF7, {0x03A9, 0x0342, 0x0399}}, {0x1FFC, {0x03A9, 0x0399}},
+    {0xFB00, {0x0046, 0x0046}},         {0xFB01, {0x0046, 0x0049}},
+    {0xFB02, {0x0046, 0x004C}},         {0xFB03, {0x0046, 0x0046, 0x0049}},
+    {0xFB04, {0x0046, 0x0046, 0x004C}}, {0xFB05, {0x0053, 0x0054}},
+    {0xFB06, {0x0053, 0x0054}},         {0xFB13, {0x0544, 0x0546}},
+    {0xFB14, {0x0544, 0x0535}},         {0xFB15, {0x0544, 0x053B}},
+    {0xFB16, {0x054E, 0x0546}},         {0xFB17, {0x0544, 0x053D}},
+};
+
+constexpr FullMapping kFullTitle[] = {
+    {0x00DF, {0x0053, 0x0073}},         {0x0149, {0x02BC, 0x004E}},
+    {0x01F0, {0x004A, 0x030C}},         {0x0390, {0x0399, 0x0308, 0x0301}},
+    {0x03B0, {0x03A5, 0x0308, 0x0301}}, {0x0587, {0x0535, 0x0582}},
+    {0x1E96, {0x0048, 0x0331}},         {0x1E97, {0x0054, 0x0308}},
+    {0x1E98, {0x0057, 0x030A}},         {0x1E99, {0x0059, 0x030A}},
+    {0x1E9A, {0x0041, 0x02BE}},         {0x1F50, {0x03A5, 0x0313}},
+    {0x1F52, {0x03A5, 0x0313, 0x0300}}, {0x1F54, {0x03A5, 0x0313, 0x0301}},
+    {0x1F56, {0x03A5, 0x0313, 0x0342}}, {0x1FB2, {0x1FBA, 0x0345}},
+    {0x1FB4, {0x0386, 0x0345}},         {0x1FB6, {0x0391, 0x0342}},
+    {0x1FB7, {0x0391, 0x0342, 0x0345}}, {0x1FC2, {0x1FCA, 0x0345}},
+    {0x1FC4, {0x0389, 0x0345}},         {0x1FC6, {0x0397, 0x0342}},
+    {0x1FC7, {0x0397, 0x0342, 0x0345}}, {0x1FD2, {0x0399, 0x0308, 0x0300}},
+    {0x1FD3, {0x0399, 0x0308, 0x0301}}, {0x1FD6, {0x0399, 0x0342}},
+    {0x1FD7, {0x0399, 0x0308, 0x0342}}, {0x1FE2, {0x03A5, 0x0308, 0x0300}},
+    {0x1FE3, {0x03A5, 0x0308, 0x0301}}, {0x1FE4, {0x03A1, 0x0313}},
+    {0x1FE6, {0x03A5, 0x0342}},         {0x1FE7, {0x03A5, 0x0308, 0x0342}},
+    {0x1FF2, {0x1FFA, 0x0345}},         {0x1FF4, {0x038F, 0x0345}},
+    {0x1FF6, {0x03A9, 0x0342}},         {0x1FF7, {0x03A9, 0x0342, 0x0345}},
+    {0xFB00, {0x0046, 0x0066}},         {0xFB01, {0x0046, 0x0069}},
+    {0xFB02, {0x0046, 0x006C}},         {0xFB03, {0x0046, 0x0066, 0x0069}},
+    {0xFB04, {0x0046, 0x0066, 0x006C}}, {0xFB05, {0x0053, 0x0074}},
+    {0xFB06, {0x0053, 0x0074}},         {0xFB13, {0x0544, 0x0576}},
+    {0xFB14, {0x0544, 0x0565}},         {0xFB15, {0x0544, 0x056B}},
+    {0xFB16, {0x054E, 0x0576}},         {0xFB17, {0x0544, 0x056D}},
+};
+
+// U+0130 (capital I with dot above) is the one code point whose lowercase is two.
+constexpr char32_t kCapitalIWithDot = 0x130, kCapitalSigma = 0x3A3;
+
+void append_mapped(std::string& out, char32_t c, const FullMapping* begin, const FullMapping* end,
+                   char32_t (*simple)(char32_t)) {
+  const FullMapping* m =
+      std::lower_bound(begin, end, c, [](const FullMapping& f, char32_t x) { return f.from < x; });
+  if (m == end || m->from != c) {
+    utf8_append(out, simple(c));
+    return;
   }
-  for (char32_t c : utf8_decode(text))
-    utf8_append(out, map(c));
-  return out;
+  for (char32_t t : m->to)
+    if (t != 0) utf8_append(out, t);
 }
+
+void append_upper(std::string& out, char32_t c) {
+  append_mapped(out, c, std::begin(kFullUpper), std::end(kFullUpper), to_upper);
+}
+
+void append_title(std::string& out, char32_t c) {
+  append_mapped(out, c, std::begin(kFullTitle), std::end(kFullTitle), [](char32_t x) {
+    return static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(x)));
+  });
+}
+
+// Case_Ignorable (Unicode D136): marks, format characters, modifier letters and symbols,
+// and the apostrophes and dots that Word_Break counts as inside a word.
+bool is_case_ignorable(char32_t c) {
+  switch (c) {
+    case 0x0027:
+    case 0x002E:
+    case 0x003A:
+    case 0x005E:
+    case 0x0060:
+    case 0x00A8:
+    case 0x00AD:
+    case 0x00AF:
+    case 0x00B4:
+    case 0x00B7:
+    case 0x00B8:
+    case 0x0387:
+    case 0x055F:
+    case 0x05F4:
+    case 0x2018:
+    case 0x2019:
+    case 0x2024:
+    case 0x2027:
+    case 0xFE13:
+    case 0xFE52:
+    case 0xFE55:
+    case 0xFF07:
+    case 0xFF0E:
+    case 0xFF1A:
+      return true;
+    default:
+      break;
+  }
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_SK:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Python's lowercase of text[i]: capital sigma becomes final sigma (U+03C2) after a
+// cased letter and not before one, case-ignorable characters between them skipped.
+void append_lower(std::string& out, const std::u32string& text, size_t i) {
+  const char32_t c = text[i];
+  if (c == kCapitalIWithDot) {
+    utf8_append(out, 'i');
+    utf8_append(out, 0x307);
+    return;
+  }
+  if (c != kCapitalSigma) {
+    utf8_append(out, to_lower(c));
+    return;
+  }
+  const auto cased_beside = [&](ptrdiff_t j, ptrdiff_t step) {
+    for (; j >= 0 && j < static_cast<ptrdiff_t>(text.size()); j += step)
+      if (!is_case_ignorable(text[j])) return is_cased(text[j]);
+    return false;
+  };
+  const auto at = static_cast<ptrdiff_t>(i);
+  const bool final = cased_beside(at - 1, -1) && !cased_beside(at + 1, 1);
+  utf8_append(out, final ? 0x3C2 : 0x3C3);
+}
+
+bool is_ascii(std::string_view text) {
+  for (unsigned char c : text)
+    if (c >= 0x80) return false;
+  return true;
+}
+
 }  // namespace
 
 std::string str_upper(std::string_view text) {
-  return map_chars(text, to_upper);
+  std::string out;
+  out.reserve(text.size());
+  if (is_ascii(text)) {
+    for (char c : text)
+      out.push_back(static_cast<char>(to_upper(static_cast<char32_t>(c))));
+    return out;
+  }
+  for (char32_t c : utf8_decode(text))
+    append_upper(out, c);
+  return out;
 }
+
 std::string str_lower(std::string_view text) {
-  return map_chars(text, to_lower);
+  std::string out;
+  out.reserve(text.size());
+  if (is_ascii(text)) {
+    for (char c : text)
+      out.push_back(static_cast<char>(to_lower(static_cast<char32_t>(c))));
+    return out;
+  }
+  const std::u32string u = utf8_decode(text);
+  for (size_t i = 0; i < u.size(); ++i)
+    append_lower(out, u, i);
+  return out;
+}
+
+std::string str_title(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const std::u32string u = utf8_decode(text);
+  bool previous_cased = false;
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (previous_cased) {
+      append_lower(out, u, i);
+    } else {
+      append_title(out, u[i]);
+    }
+    previous_cased = is_cased(u[i]);
+  }
+  return out;
+}
+
+std::string str_capitalize(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const std::u32string u = utf8_decode(text);
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (i == 0) {
+      append_title(out, u[i]);
+    } else {
+      append_lower(out, u, i);
+    }
+  }
+  return out;
 }
 
 }  // namespace pagellm::engine::jinja

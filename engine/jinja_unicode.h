@@ -22,7 +22,12 @@ bool is_cased(char32_t c);
 bool is_alpha(char32_t c);
 bool is_digit(char32_t c);
 
+// Python's str.upper(), lower(), title() and capitalize(): Unicode's full case mappings
+// (U+00DF to "SS", U+0130 to "i" and U+0307), and capital sigma lowercased to final sigma
+// at the end of a word.
 std::string str_upper(std::string_view text);
 std::string str_lower(std::string_view text);
+std::string str_title(std::string_view text);
+std::string str_capitalize(std::string_view text);
 
 }  // namespace pagellm::engine::jinja

@@ -334,6 +334,21 @@ TEST(JinjaStringMethods, StringCaseMethods) {
             "Hello World Hello ABab ÉA They'Re 1St");
 }
 
+// Python's full case mappings, which map some code points to several, and the final
+// sigma of lower() (after a cased letter, case-ignorable ones like ' and . skipped, and
+// not before one); jinja2's title filter uppercases each word's first character.
+TEST(JinjaStringMethods, FullCaseMappingsAndFinalSigma) {
+  EXPECT_EQ(render("{{ 'straße'.upper() }} {{ 'straße' | upper }} {{ 'ﬁx ŉ'.upper() }}", "{}"),
+            "STRASSE STRASSE FIX ʼN");
+  EXPECT_EQ(render("{{ 'İstanbul'.lower() }}", "{}"), "i\u0307stanbul");
+  EXPECT_EQ(render("{{ 'ΟΔΟΣ ΣΑ Σ'.lower() }} {{ \"ΑΣ'.\" | lower }}", "{}"), "οδος σα σ ας'.");
+  EXPECT_EQ(
+      render("{{ 'ßa ǆemal'.title() }} {{ 'ǆEMAL'.capitalize() }} {{ 'ΟΔΟΣ'.title() }}", "{}"),
+      "Ssa ǅemal ǅemal Οδος");
+  EXPECT_EQ(render("{{ 'ﬂour ΟΔΟΣ-ǆ' | title }} {{ 'ΟΔΟΣ' | capitalize }}", "{}"),
+            "FLour Οδος-Ǆ Οδος");
+}
+
 TEST(JinjaStringMethods, StringSearchMethods) {
   EXPECT_EQ(render("{{ 'abc'.startswith('ab') }} {{ 'abc'.startswith(('x', 'a')) }} {{ "
                    "'abc'.endswith('bc') }} {{ 'héllo'.find('l') }} {{ 'abc'.find('z') }} {{ "
