@@ -205,14 +205,14 @@ Value string_method(const std::string& s, const std::string& name, CallArgs& a) 
   if (name == "isalnum") return all_chars(s, [](char32_t c) { return is_alpha(c) || is_digit(c); });
   if (name == "isspace") return all_chars(s, is_python_space);
   if (name == "islower" || name == "isupper") {
+    // As Python: no code point of the other case or titlecase, and one of this case.
     const bool want_lower = name == "islower";
-    bool any_cased = false;
+    bool any = false;
     for (char32_t c : utf8_decode(s)) {
-      if (!is_cased(c)) continue;
-      any_cased = true;
-      if ((to_lower(c) == c) != want_lower) return false;
+      if (is_titlecase(c) || (want_lower ? is_uppercase(c) : is_lowercase(c))) return false;
+      any = any || (want_lower ? is_lowercase(c) : is_uppercase(c));
     }
-    return any_cased;
+    return any;
   }
   fail("unsupported method '" + name + "' of str", line);
 }

@@ -105,6 +105,33 @@ bool is_cased(char32_t c) {
   return false;
 }
 
+// Lowercase and Uppercase (Ll and Lu, and Other_Lowercase and Other_Uppercase): outside
+// the letter categories, a cased code point is uppercase when it has a lowercase mapping
+// (circled letters) or is a squared letter, and lowercase otherwise.
+namespace {
+bool is_letter_case(int category) {
+  return category == UTF8PROC_CATEGORY_LU || category == UTF8PROC_CATEGORY_LL ||
+         category == UTF8PROC_CATEGORY_LT;
+}
+bool is_squared_letter(char32_t c) {
+  return c >= 0x1F130 && c <= 0x1F189;
+}
+}  // namespace
+
+bool is_lowercase(char32_t c) {
+  const int category = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  if (is_letter_case(category)) return category == UTF8PROC_CATEGORY_LL;
+  return is_cased(c) && !is_squared_letter(c) && to_lower(c) == c;
+}
+bool is_uppercase(char32_t c) {
+  const int category = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  if (is_letter_case(category)) return category == UTF8PROC_CATEGORY_LU;
+  return is_cased(c) && (is_squared_letter(c) || to_lower(c) != c);
+}
+bool is_titlecase(char32_t c) {
+  return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_LT;
+}
+
 bool is_alpha(char32_t c) {
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
     case UTF8PROC_CATEGORY_LU:

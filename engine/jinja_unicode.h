@@ -19,6 +19,9 @@ bool is_python_printable(char32_t c);  // str.isprintable(), used by repr()
 char32_t to_upper(char32_t c);
 char32_t to_lower(char32_t c);
 bool is_cased(char32_t c);
+bool is_lowercase(char32_t c);  // the Lowercase property, which str.islower() reads
+bool is_uppercase(char32_t c);
+bool is_titlecase(char32_t c);
 bool is_alpha(char32_t c);
 bool is_digit(char32_t c);
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "engine/chat_template.h"
@@ -347,6 +348,20 @@ TEST(JinjaStringMethods, FullCaseMappingsAndFinalSigma) {
       "Ssa ǅemal ǅemal Οδος");
   EXPECT_EQ(render("{{ 'ﬂour ΟΔΟΣ-ǆ' | title }} {{ 'ΟΔΟΣ' | capitalize }}", "{}"),
             "FLour Οδος-Ǆ Οδος");
+}
+
+// islower() and isupper() read the Lowercase and Uppercase properties: a titlecase letter
+// is neither, and cased symbols and modifier letters count.
+TEST(JinjaStringMethods, IsLowerAndIsUpperReadTheCaseProperties) {
+  const char* strings[] = {"ǅ", "ª", "Ⓐ", "aǅ", "1a", "ABC1", "", "🄰", "ⓐ", "ʰ"};
+  const char* python[] = {"FF", "TF", "FT", "FF", "TF", "FT", "FF", "FT", "TF", "TF"};
+  for (size_t i = 0; i < std::size(strings); ++i) {
+    const std::string s = strings[i];
+    const std::string got = render(
+        "{{ 'T' if '" + s + "'.islower() else 'F' }}{{ 'T' if '" + s + "'.isupper() else 'F' }}",
+        "{}");
+    EXPECT_EQ(got, python[i]) << s;
+  }
 }
 
 TEST(JinjaStringMethods, StringSearchMethods) {
