@@ -63,13 +63,15 @@ Value filter_title(const Value& v, CallArgs&) {
   const auto separator = [](char32_t c) {
     return is_python_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
   };
+  const std::u32string_view view = text;
   std::string out;
   for (size_t i = 0; i < text.size();) {
+    const bool run_of_separators = separator(text[i]);
     size_t end = i + 1;
-    while (end < text.size() && separator(text[end]) == separator(text[i]))
+    while (end < text.size() && separator(text[end]) == run_of_separators)
       ++end;
-    out += str_upper(utf8_encode(text.substr(i, 1)));
-    out += str_lower(utf8_encode(text.substr(i + 1, end - i - 1)));
+    out += str_upper(view.substr(i, 1));
+    out += str_lower(view.substr(i + 1, end - i - 1));
     i = end;
   }
   return out;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <iterator>
+#include <optional>
+#include <utility>
 
 #include "engine/utf8.h"
 
@@ -265,38 +267,16 @@ void append_title(std::string& out, char32_t c) {
   });
 }
 
+// Word_Break's MidLetter, MidNumLet and Single_Quote (apostrophes, dots, colons), sorted.
+constexpr char32_t kWordInnerPunctuation[] = {0x0027, 0x002E, 0x003A, 0x00B7, 0x0387, 0x055F,
+                                              0x05F4, 0x2018, 0x2019, 0x2024, 0x2027, 0xFE13,
+                                              0xFE52, 0xFE55, 0xFF07, 0xFF0E, 0xFF1A};
+
 // Case_Ignorable (Unicode D136): marks, format characters, modifier letters and symbols,
-// and the apostrophes and dots that Word_Break counts as inside a word.
+// and the punctuation that Word_Break counts as inside a word.
 bool is_case_ignorable(char32_t c) {
-  switch (c) {
-    case 0x0027:
-    case 0x002E:
-    case 0x003A:
-    case 0x005E:
-    case 0x0060:
-    case 0x00A8:
-    case 0x00AD:
-    case 0x00AF:
-    case 0x00B4:
-    case 0x00B7:
-    case 0x00B8:
-    case 0x0387:
-    case 0x055F:
-    case 0x05F4:
-    case 0x2018:
-    case 0x2019:
-    case 0x2024:
-    case 0x2027:
-    case 0xFE13:
-    case 0xFE52:
-    case 0xFE55:
-    case 0xFF07:
-    case 0xFF0E:
-    case 0xFF1A:
-      return true;
-    default:
-      break;
-  }
+  if (std::binary_search(std::begin(kWordInnerPunctuation), std::end(kWordInnerPunctuation), c))
+    return true;
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
     case UTF8PROC_CATEGORY_MN:
     case UTF8PROC_CATEGORY_ME:
@@ -311,7 +291,7 @@ bool is_case_ignorable(char32_t c) {
 
 // Python's lowercase of text[i]: capital sigma becomes final sigma (U+03C2) after a
 // cased letter and not before one, case-ignorable characters between them skipped.
-void append_lower(std::string& out, const std::u32string& text, size_t i) {
+void append_lower(std::string& out, std::u32string_view text, size_t i) {
   const char32_t c = text[i];
   if (c == kCapitalIWithDot) {
     utf8_append(out, 'i');
@@ -332,39 +312,40 @@ void append_lower(std::string& out, const std::u32string& text, size_t i) {
   utf8_append(out, final ? 0x3C2 : 0x3C3);
 }
 
-bool is_ascii(std::string_view text) {
+// The ASCII text's one-to-one mapping, or nullopt when the text is not ASCII.
+std::optional<std::string> map_ascii(std::string_view text, char32_t (*map)(char32_t)) {
   for (unsigned char c : text)
-    if (c >= 0x80) return false;
-  return true;
+    if (c >= 0x80) return std::nullopt;
+  std::string out(text);
+  for (char& c : out)
+    c = static_cast<char>(map(static_cast<char32_t>(c)));
+  return out;
 }
 
 }  // namespace
 
-std::string str_upper(std::string_view text) {
+std::string str_upper(std::u32string_view text) {
   std::string out;
   out.reserve(text.size());
-  if (is_ascii(text)) {
-    for (char c : text)
-      out.push_back(static_cast<char>(to_upper(static_cast<char32_t>(c))));
-    return out;
-  }
-  for (char32_t c : utf8_decode(text))
+  for (char32_t c : text)
     append_upper(out, c);
   return out;
 }
+std::string str_upper(std::string_view text) {
+  if (auto ascii = map_ascii(text, to_upper)) return std::move(*ascii);
+  return str_upper(utf8_decode(text));
+}
 
-std::string str_lower(std::string_view text) {
+std::string str_lower(std::u32string_view text) {
   std::string out;
   out.reserve(text.size());
-  if (is_ascii(text)) {
-    for (char c : text)
-      out.push_back(static_cast<char>(to_lower(static_cast<char32_t>(c))));
-    return out;
-  }
-  const std::u32string u = utf8_decode(text);
-  for (size_t i = 0; i < u.size(); ++i)
-    append_lower(out, u, i);
+  for (size_t i = 0; i < text.size(); ++i)
+    append_lower(out, text, i);
   return out;
+}
+std::string str_lower(std::string_view text) {
+  if (auto ascii = map_ascii(text, to_lower)) return std::move(*ascii);
+  return str_lower(utf8_decode(text));
 }
 
 std::string str_title(std::string_view text) {
@@ -384,16 +365,13 @@ std::string str_title(std::string_view text) {
 }
 
 std::string str_capitalize(std::string_view text) {
+  const std::u32string u = utf8_decode(text);
+  if (u.empty()) return {};
   std::string out;
   out.reserve(text.size());
-  const std::u32string u = utf8_decode(text);
-  for (size_t i = 0; i < u.size(); ++i) {
-    if (i == 0) {
-      append_title(out, u[i]);
-    } else {
-      append_lower(out, u, i);
-    }
-  }
+  append_title(out, u[0]);
+  for (size_t i = 1; i < u.size(); ++i)
+    append_lower(out, u, i);
   return out;
 }
 

@@ -30,6 +30,8 @@ bool is_digit(char32_t c);
 // at the end of a word.
 std::string str_upper(std::string_view text);
 std::string str_lower(std::string_view text);
+std::string str_upper(std::u32string_view text);  // of decoded text
+std::string str_lower(std::u32string_view text);
 std::string str_title(std::string_view text);
 std::string str_capitalize(std::string_view text);
 
