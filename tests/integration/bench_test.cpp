@@ -236,15 +236,18 @@ TEST(BenchTest, FailedRequestsAreCountedWithTheirErrorAndExitNonZero) {
 }
 
 // --timeout bounds the whole request, not only each silence between two chunks.
+// Two requests of the tiny model together stream 500 tokens each in some 40 ms on a
+// two-core machine, as fast as a 0.05 s deadline; 2,000 take some 250 ms, 25 times a
+// deadline of 0.01 s.
 TEST(BenchTest, RequestsLongerThanTheTimeoutFail) {
-  test::ServerProcess server({"--num-kv-blocks", "64"});
+  test::ServerProcess server({"--num-kv-blocks", "160"});
   ASSERT_GT(server.port(), 0) << server.log();
   const BenchRun run =
-      run_bench(server, "--num-requests 2 --input-len 8 --output-len 500 --timeout 0.05");
+      run_bench(server, "--num-requests 2 --input-len 8 --output-len 2000 --timeout 0.01");
   EXPECT_EQ(run.exit_code, 1) << run.output;
   ASSERT_FALSE(run.report.is_discarded()) << run.output;
   EXPECT_EQ(run.report["failed"], 2) << run.report.dump();
-  EXPECT_TRUE(run.report["errors"].contains("timed out after 0.05 s"))
+  EXPECT_TRUE(run.report["errors"].contains("timed out after 0.01 s"))
       << run.report["errors"].dump();
   EXPECT_EQ(kv_used_blocks_when_idle(server), 0);
 }
