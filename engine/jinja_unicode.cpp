@@ -81,6 +81,9 @@ char32_t to_upper(char32_t c) {
 char32_t to_lower(char32_t c) {
   return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c)));
 }
+
+namespace {
+
 // Cased (Unicode D135) is Lu, Ll and Lt, and Other_Lowercase and Other_Uppercase. Those
 // two are mostly letters and symbols with case mappings; these ranges hold the rest
 // (modifier letters like U+02B0, the ordinals U+00AA and U+00BA, squared letters).
@@ -92,46 +95,48 @@ constexpr char32_t kCasedWithoutMapping[][2] = {
     {0xAB5C, 0xAB5F},   {0x10780, 0x10780}, {0x10783, 0x10785}, {0x10787, 0x107B0},
     {0x107B2, 0x107BA}, {0x1F130, 0x1F149}, {0x1F150, 0x1F169}, {0x1F170, 0x1F189}};
 
-bool is_cased(char32_t c) {
-  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-      return true;
-    default:
-      break;
-  }
+bool is_letter_case(int category) {
+  return category == UTF8PROC_CATEGORY_LU || category == UTF8PROC_CATEGORY_LL ||
+         category == UTF8PROC_CATEGORY_LT;
+}
+
+// Cased, for a code point outside Lu, Ll and Lt.
+bool is_cased_other(char32_t c) {
   if (to_upper(c) != c || to_lower(c) != c) return true;
   for (const auto& r : kCasedWithoutMapping)
     if (c >= r[0] && c <= r[1]) return true;
   return false;
 }
 
-// Lowercase and Uppercase (Ll and Lu, and Other_Lowercase and Other_Uppercase): outside
-// the letter categories, a cased code point is uppercase when it has a lowercase mapping
-// (circled letters) or is a squared letter, and lowercase otherwise.
-namespace {
-bool is_letter_case(int category) {
-  return category == UTF8PROC_CATEGORY_LU || category == UTF8PROC_CATEGORY_LL ||
-         category == UTF8PROC_CATEGORY_LT;
-}
 bool is_squared_letter(char32_t c) {
   return c >= 0x1F130 && c <= 0x1F189;
 }
+
+int category_of(char32_t c) {
+  return utf8proc_category(static_cast<utf8proc_int32_t>(c));
+}
+
 }  // namespace
 
+bool is_cased(char32_t c) {
+  return is_letter_case(category_of(c)) || is_cased_other(c);
+}
+
+// Lowercase and Uppercase (Ll and Lu, and Other_Lowercase and Other_Uppercase): outside
+// the letter categories, a cased code point is uppercase when it has a lowercase mapping
+// (circled letters) or is a squared letter, and lowercase otherwise.
 bool is_lowercase(char32_t c) {
-  const int category = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  const int category = category_of(c);
   if (is_letter_case(category)) return category == UTF8PROC_CATEGORY_LL;
-  return is_cased(c) && !is_squared_letter(c) && to_lower(c) == c;
+  return is_cased_other(c) && !is_squared_letter(c) && to_lower(c) == c;
 }
 bool is_uppercase(char32_t c) {
-  const int category = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  const int category = category_of(c);
   if (is_letter_case(category)) return category == UTF8PROC_CATEGORY_LU;
-  return is_cased(c) && (is_squared_letter(c) || to_lower(c) != c);
+  return is_cased_other(c) && (is_squared_letter(c) || to_lower(c) != c);
 }
 bool is_titlecase(char32_t c) {
-  return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_LT;
+  return category_of(c) == UTF8PROC_CATEGORY_LT;
 }
 
 bool is_alpha(char32_t c) {
