@@ -699,11 +699,26 @@ struct HttpServer::Impl {
     res.set_content(completion_response(r.chat, meta, results, usage), kJson);
   }
 
-  void client_gone(const std::vector<Choice>& choices, const std::shared_ptr<AccessLog>& log) {
+  void client_gone(std::vector<Choice>& choices, const std::shared_ptr<AccessLog>& log) {
     abort_all(choices);
-    // One abort for each choice that had not ended, as the engine counts them.
-    for (const Choice& c : choices)
-      metrics.requests_abort += c.done ? 0 : 1;
+    // Each choice counts with the end the engine gives it, as the engine's own stats do:
+    // one that ended before the abort reached the engine keeps its reason. The engine
+    // takes aborts at the start of its next step; one that never answers counts as aborted.
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    for (Choice& c : choices) {
+      if (c.done) continue;
+      while (!c.final.finished && Clock::now() < deadline) {
+        if (auto chunk = c.stream->next(std::chrono::milliseconds(50))) {
+          engine::merge_chunk(c.final, std::move(*chunk));
+        }
+      }
+      c.done = true;
+      if (c.final.finished) {
+        record_end(c, log);  // the client is gone: an error for it has no reader
+      } else {
+        ++metrics.requests_abort;
+      }
+    }
     log->status = 499;
     spdlog::info("{}: the client went away; request aborted", log->id);
   }
