@@ -719,6 +719,7 @@ struct HttpServer::Impl {
         ++metrics.requests_abort;
       }
     }
+    log->tokens_out = usage_of(choices).completion_tokens;  // made for it, sent or not
     log->status = 499;
     spdlog::info("{}: the client went away; request aborted", log->id);
   }
