@@ -707,9 +707,13 @@ struct HttpServer::Impl {
     const auto deadline = Clock::now() + std::chrono::seconds(5);
     for (Choice& c : choices) {
       if (c.done) continue;
-      while (!c.final.finished && Clock::now() < deadline) {
-        if (auto chunk = c.stream->next(std::chrono::milliseconds(50))) {
+      while (!c.final.finished) {
+        const bool waiting = Clock::now() < deadline;  // past it, only what has come
+        auto chunk = c.stream->next(std::chrono::milliseconds(waiting ? 50 : 0));
+        if (chunk) {
           engine::merge_chunk(c.final, std::move(*chunk));
+        } else if (!waiting) {
+          break;
         }
       }
       c.done = true;

@@ -771,16 +771,21 @@ TEST(ServerProcess, AHangUpAfterTheEngineEndedTheChoicesCountsTheirOwnEnds) {
   test::ServerProcess server({"--num-kv-blocks", "1024", "--served-model-name", "tiny"});
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client stats = server.client();
+  const auto engine_stats = [&] {
+    auto res = stats.Get("/v1/stats");
+    return res ? json::parse(res->body) : json();
+  };
   const auto engine_ended = [&](const char* reason) {
-    return json::parse(stats.Get("/v1/stats")->body)["finished"][reason].get<int64_t>();
+    return engine_stats()["finished"][reason].get<int64_t>();
   };
   const auto counted = [&](const std::string& reason) {
     return metric(stats, "pagellm:request_success_total{model_name=\"tiny\",finished_reason=\"" +
                              reason + "\"}");
   };
-  // Eight choices of 400 tokens with twenty alternatives each: about 6 MB of events, more
-  // than the sockets hold (4 MB at most for the server's), so the server waits on the
-  // client's small window.
+  // Sixteen choices of 200 tokens with twenty alternatives each: about 6 MB of events,
+  // twice what the sockets take in (about 3 MB here: the server's send buffer grows to
+  // 4 MB and a write waits while two thirds of it are queued), so the server's writer
+  // waits on the client's small window while the engine goes on.
   httplib::Client client = server.client();
   client.set_socket_options([](socket_t sock) {
     const int bytes = 64 << 10;
@@ -789,24 +794,32 @@ TEST(ServerProcess, AHangUpAfterTheEngineEndedTheChoicesCountsTheirOwnEnds) {
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/chat/completions";
-  req.body = chat("a long story", {{"max_tokens", 400},
-                                   {"n", 8},
+  req.body = chat("a long story", {{"max_tokens", 200},
+                                   {"n", 16},
                                    {"ignore_eos", true},
                                    {"logprobs", true},
                                    {"top_logprobs", 20},
                                    {"stream", true}})
                  .dump();
   req.set_header("Content-Type", "application/json");
-  // Reads a little at a time (a loaded machine can take seconds for the engine's part, and
-  // a write that waits 5 s ends the stream) until the engine has ended all eight; then
-  // hangs up.
+  // Reads at a quarter of the pace at which the engine makes events (about 2 KB a token),
+  // at most 1.6 MB in all: the server's writer stays behind with full buffers but moves on
+  // (a write that waits 5 s would end the stream, and a loaded machine can take longer than
+  // that for the engine's part). Hangs up once the engine has ended all sixteen.
   bool ended_in_engine = false;
+  size_t received = 0;
   const auto give_up = std::chrono::steady_clock::now() + 60s;
-  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-    ended_in_engine = engine_ended("length") == 8;
-    if (ended_in_engine || std::chrono::steady_clock::now() > give_up) return false;
-    std::this_thread::sleep_for(100ms);
-    return true;
+  req.content_receiver = [&](const char*, size_t n, uint64_t, uint64_t) {
+    received += n;
+    while (std::chrono::steady_clock::now() < give_up) {
+      const json s = engine_stats();
+      if (s.is_null()) return false;
+      ended_in_engine = s["finished"]["length"] == 16;
+      if (ended_in_engine) return false;
+      if (received <= 500 * s["scheduler"]["generation_tokens"].get<size_t>()) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
   };
   client.send(req);
   ASSERT_TRUE(ended_in_engine) << server.log();
@@ -821,7 +834,7 @@ TEST(ServerProcess, AHangUpAfterTheEngineEndedTheChoicesCountsTheirOwnEnds) {
   ASSERT_NE(log.find(access), std::string::npos) << log;
   EXPECT_NE(log.find("the client went away"), std::string::npos) << log;
   EXPECT_EQ(engine_ended("abort"), 0);
-  EXPECT_EQ(counted("length"), 8);
+  EXPECT_EQ(counted("length"), 16);
   EXPECT_EQ(counted("abort"), 0);
   // The access log gives the tokens made for it, sent or not.
   EXPECT_NE(log.find(access + "in=20 out=3200 "), std::string::npos) << log;
