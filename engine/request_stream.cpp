@@ -1,5 +1,7 @@
 #include "engine/request_stream.h"
 
+#include <algorithm>
+
 namespace pagellm::engine {
 
 void merge_chunk(GenerationChunk& into, GenerationChunk&& from) {
@@ -32,12 +34,18 @@ std::optional<GenerationChunk> RequestStream::next(std::chrono::milliseconds tim
   return out;
 }
 
-GenerationChunk RequestStream::collect() {
+GenerationChunk RequestStream::collect(std::chrono::steady_clock::time_point deadline) {
+  using std::chrono::milliseconds;
   GenerationChunk all;
   while (!all.finished) {
-    auto chunk = next(std::chrono::milliseconds(1000));
-    if (chunk) merge_chunk(all, std::move(*chunk));
-    if (!chunk && finished()) break;
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto chunk = next(std::clamp(left, milliseconds(0), milliseconds(1000)));
+    if (chunk) {
+      merge_chunk(all, std::move(*chunk));
+    } else if (finished() || left <= milliseconds(0)) {
+      break;
+    }
   }
   return all;
 }

@@ -47,8 +47,10 @@ class RequestStream {
   // Waits up to `timeout` for output; nullopt on timeout, or once the finished chunk
   // has been taken. Chunks waiting together are merged into one.
   std::optional<GenerationChunk> next(std::chrono::milliseconds timeout);
-  // Waits for the end and returns everything merged into one chunk.
-  GenerationChunk collect();
+  // Waits for the end, or until `deadline` (past it, takes only what has come), and
+  // returns everything merged into one chunk: finished unless the deadline cut it short.
+  GenerationChunk collect(std::chrono::steady_clock::time_point deadline =
+                              std::chrono::steady_clock::time_point::max());
 
   // Engine side.
   void push(GenerationChunk chunk);

@@ -707,15 +707,7 @@ struct HttpServer::Impl {
     const auto deadline = Clock::now() + std::chrono::seconds(5);
     for (Choice& c : choices) {
       if (c.done) continue;
-      while (!c.final.finished) {
-        const bool waiting = Clock::now() < deadline;  // past it, only what has come
-        auto chunk = c.stream->next(std::chrono::milliseconds(waiting ? 50 : 0));
-        if (chunk) {
-          engine::merge_chunk(c.final, std::move(*chunk));
-        } else if (!waiting) {
-          break;
-        }
-      }
+      engine::merge_chunk(c.final, c.stream->collect(deadline));
       c.done = true;
       if (c.final.finished) {
         record_end(c, log);  // the client is gone: an error for it has no reader

@@ -117,6 +117,27 @@ TEST_F(EngineTest, ConcurrentRequestsGetTheirSoloTokensEvenWithPreemption) {
   EXPECT_GT(stats.kv.prefix_hit_tokens, 0);
 }
 
+TEST(RequestStream, CollectUpToADeadlineGivesWhatHasCome) {
+  RequestStream stream(1);
+  GenerationChunk part;
+  part.text = "ab";
+  stream.push(part);
+  const GenerationChunk cut =
+      stream.collect(std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+  EXPECT_EQ(cut.text, "ab");
+  EXPECT_FALSE(cut.finished);
+  // Past its deadline it still takes what has come.
+  GenerationChunk end;
+  end.text = "c";
+  end.finished = true;
+  end.finish_reason = FinishReason::kLength;
+  stream.push(end);
+  const GenerationChunk rest = stream.collect(std::chrono::steady_clock::now());
+  EXPECT_EQ(rest.text, "c");
+  EXPECT_TRUE(rest.finished);
+  EXPECT_EQ(rest.finish_reason, FinishReason::kLength);
+}
+
 TEST_F(EngineTest, AbortMidStreamFreesTheBlocks) {
   auto engine = make_engine(64);
   auto submitted = engine->submit(greedy(std::vector<int32_t>(40, 5), 500));
