@@ -29,13 +29,13 @@ bool Scheduler::before(const Sequence& a, const Sequence& b) const {
   return a.arrival_order < b.arrival_order;
 }
 
-void Scheduler::insert_waiting(Sequence* seq, bool at_head) {
-  // Keeps policy order. A preempted sequence arrived before anything still waiting
-  // under FCFS, so it lands at the head, as it should.
-  auto pos = std::find_if(waiting_.begin(), waiting_.end(),
-                          [&](const Sequence* other) { return before(*seq, *other); });
-  if (at_head && config_.policy == SchedulingPolicy::kFcfs) pos = waiting_.begin();
-  waiting_.insert(pos, seq);
+void Scheduler::insert_waiting(Sequence* seq) {
+  // Policy order, for a preempted sequence too: it goes back among the waiting by its
+  // arrival (and priority), not to the head, where it would overtake an older sequence
+  // preempted before it.
+  waiting_.insert(std::find_if(waiting_.begin(), waiting_.end(),
+                               [&](const Sequence* other) { return before(*seq, *other); }),
+                  seq);
 }
 
 int32_t Scheduler::blocks_needed_for(int64_t num_tokens) const {
@@ -90,7 +90,7 @@ AddResult Scheduler::add(std::unique_ptr<Sequence> seq, double now) {
   stats_.prompt_tokens += seq->prompt_len;
   Sequence* raw = seq.get();
   seqs_.emplace(seq->id, std::move(seq));
-  insert_waiting(raw, /*at_head=*/false);
+  insert_waiting(raw);
   return {AddStatus::kAdded, ""};
 }
 
@@ -112,7 +112,7 @@ void Scheduler::preempt(Sequence* seq) {
   ++seq->num_preemptions;
   ++stats_.num_preemptions;
   running_.erase(std::find(running_.begin(), running_.end(), seq));
-  insert_waiting(seq, /*at_head=*/true);
+  insert_waiting(seq);
 }
 
 ScheduledBatch Scheduler::schedule(double now) {

@@ -4,9 +4,11 @@
 // Every step (iteration-level, continuous batching):
 //   1. running sequences first, decodes before prompt chunks, in policy order; each
 //      gets its KV slots from the KVCacheManager. When the pool is short, the lowest in
-//      policy order among those not yet scheduled is preempted (its blocks freed, back
-//      to the head of the waiting queue, recomputed later, mostly from the prefix
-//      cache). A sequence resumed in the last steps is passed over while another can go.
+//      policy order among those not yet scheduled is preempted (its blocks freed,
+//      recomputed later, mostly from the prefix cache). It goes back to the waiting
+//      queue in policy order: under FCFS that is the head, behind only older sequences
+//      preempted before it. A sequence resumed in the last steps is passed over while
+//      another can go.
 //   2. then waiting sequences, in policy order, while the token budget, the sequence cap
 //      and the pool allow. Each pays only for the tokens the prefix cache does not hold;
 //      long prompts are cut into chunks of what is left of the budget.
@@ -114,7 +116,7 @@ class Scheduler {
 
  private:
   bool before(const Sequence& a, const Sequence& b) const;  // policy order
-  void insert_waiting(Sequence* seq, bool at_head);
+  void insert_waiting(Sequence* seq);
   void preempt(Sequence* seq);
   std::unique_ptr<Sequence> release(paging::SeqId id, FinishReason reason, double now);
   int32_t blocks_needed_for(int64_t num_tokens) const;
@@ -123,7 +125,7 @@ class Scheduler {
   SchedulerConfig config_;
   paging::KVCacheManager& kv_;
   std::unordered_map<paging::SeqId, std::unique_ptr<Sequence>> seqs_;
-  std::deque<Sequence*> waiting_;   // policy order, preempted ones first among equals
+  std::deque<Sequence*> waiting_;   // policy order
   std::vector<Sequence*> running_;  // policy order
   uint64_t next_arrival_ = 0;
   int64_t step_ = 0;

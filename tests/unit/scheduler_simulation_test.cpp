@@ -128,8 +128,33 @@ void simulate(const SimConfig& c) {
       aborted.insert(id);
     }
 
+    // Policy order (priority first under kPriority, then arrival).
+    auto before = [&](const Sequence& a, const Sequence& b) {
+      if (c.policy == SchedulingPolicy::kPriority && a.priority != b.priority) {
+        return a.priority < b.priority;
+      }
+      return a.arrival_order < b.arrival_order;
+    };
+    std::vector<paging::SeqId> waiting_before;
+    for (paging::SeqId id : live) {
+      if (s.get(id)->status == SequenceStatus::kWaiting) waiting_before.push_back(id);
+    }
     const ScheduledBatch batch = s.schedule(double(step));
     ++step;
+    // The queue leaves in policy order, new and preempted sequences alike: none that is
+    // admitted (or resumed) comes after one still waiting.
+    std::vector<const Sequence*> admitted, still_waiting;
+    for (paging::SeqId id : waiting_before) {
+      const Sequence* seq = s.get(id);
+      (seq->status == SequenceStatus::kWaiting ? still_waiting : admitted).push_back(seq);
+    }
+    for (const Sequence* a : admitted) {
+      for (const Sequence* w : still_waiting) {
+        ASSERT_FALSE(before(*w, *a)) << "request " << a->id << " (" << a->num_preemptions
+                                     << " preemptions) went ahead of waiting request "
+                                     << w->id << " (" << w->num_preemptions << ")";
+      }
+    }
     // The promises of one step.
     ASSERT_LE(batch.num_tokens, c.budget);
     ASSERT_LE(static_cast<int32_t>(batch.seqs.size()), c.max_num_seqs);
