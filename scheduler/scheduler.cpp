@@ -94,15 +94,21 @@ AddResult Scheduler::add(std::unique_ptr<Sequence> seq, double now) {
   return {AddStatus::kAdded, ""};
 }
 
-Sequence* Scheduler::pick_victim(const std::vector<Sequence*>& candidates, int64_t step) const {
-  Sequence* victim = nullptr;
-  Sequence* fallback = nullptr;  // when every candidate was just resumed
+Sequence* Scheduler::pick_victim(const std::vector<Sequence*>& candidates, const Sequence& seq,
+                                 int64_t step) const {
+  // The lowest in policy order; one resumed in this step or the last is passed over for
+  // the lowest of those after `seq` that were not, where there is one. Never for `seq`
+  // itself or one before it: the grace must not make a sequence wait behind a later one.
+  auto just_resumed = [&](const Sequence* c) { return c->resumed_at_step >= step - 1; };
+  Sequence* lowest = nullptr;
+  Sequence* settled = nullptr;
   for (Sequence* c : candidates) {
-    const bool just_resumed = c->resumed_at_step >= step - 1;
-    Sequence*& slot = just_resumed ? fallback : victim;
-    if (slot == nullptr || before(*slot, *c)) slot = c;
+    if (lowest == nullptr || before(*lowest, *c)) lowest = c;
+    if (!just_resumed(c) && before(seq, *c) && (settled == nullptr || before(*settled, *c))) {
+      settled = c;
+    }
   }
-  return victim ? victim : fallback;
+  return just_resumed(lowest) && settled ? settled : lowest;
 }
 
 void Scheduler::preempt(Sequence* seq) {
@@ -155,7 +161,7 @@ ScheduledBatch Scheduler::schedule(double now) {
       for (Sequence* s : running_) {
         if (s->last_scheduled_step != step_ || before(*seq, *s)) candidates.push_back(s);
       }
-      Sequence* victim = pick_victim(candidates, step_);
+      Sequence* victim = pick_victim(candidates, *seq, step_);
       if (victim != seq && victim->last_scheduled_step == step_) {
         // Taken back out of the batch, with its tokens.
         auto entry = std::find_if(batch.seqs.begin(), batch.seqs.end(),

@@ -8,7 +8,7 @@
 //      recomputed later, mostly from the prefix cache). It goes back to the waiting
 //      queue in policy order: under FCFS that is the head, behind only older sequences
 //      preempted before it. A sequence resumed in the last steps is passed over while
-//      another can go.
+//      another that comes after the one short of blocks can go.
 //   2. then waiting sequences, in policy order, while the token budget, the sequence cap
 //      and the pool allow. Each pays only for the tokens the prefix cache does not hold;
 //      long prompts are cut into chunks of what is left of the budget.
@@ -120,7 +120,8 @@ class Scheduler {
   void preempt(Sequence* seq);
   std::unique_ptr<Sequence> release(paging::SeqId id, FinishReason reason, double now);
   int32_t blocks_needed_for(int64_t num_tokens) const;
-  Sequence* pick_victim(const std::vector<Sequence*>& candidates, int64_t step) const;
+  Sequence* pick_victim(const std::vector<Sequence*>& candidates, const Sequence& seq,
+                        int64_t step) const;
 
   SchedulerConfig config_;
   paging::KVCacheManager& kv_;

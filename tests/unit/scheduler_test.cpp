@@ -246,6 +246,35 @@ TEST(Scheduler, FcfsPreemptsTheMostRecentlyAdmittedAndResumesIt) {
   EXPECT_EQ(kv.usage().prefix_query_tokens, 30 + 30 + 4);
 }
 
+// A sequence resumed a step ago is spared for another victim, but never for the one
+// short of blocks when that one comes first: here 1 (priority 0) used to preempt itself
+// for 2 (priority 10), just back after a preemption, and then wait for it to finish.
+TEST(Scheduler, TheGraceOfAResumedSequenceNeverPreemptsOneBeforeIt) {
+  paging::KVCacheManager kv(5);
+  SchedulerConfig config;
+  config.policy = SchedulingPolicy::kPriority;
+  Scheduler s(config, kv);
+  ASSERT_EQ(s.add(make_seq(1, 7, 60, 100, /*priority=*/0), 0).status, AddStatus::kAdded);
+  ASSERT_EQ(s.add(make_seq(2, 19, 60, 1000, /*priority=*/10), 0).status, AddStatus::kAdded);
+  ASSERT_EQ(s.add(make_seq(3, 1, 25, 2000, /*priority=*/5), 0).status, AddStatus::kAdded);
+  ScheduledBatch b;
+  bool resumed_beside_1 = false;
+  std::vector<paging::SeqId> finished;
+  for (int i = 0; i < 400 && s.has_work(); ++i) {
+    for (auto& done : step(s, b))
+      finished.push_back(done->id);
+    const Sequence* two = s.get(2);
+    if (two && two->status == SequenceStatus::kRunning && two->num_preemptions > 0 &&
+        s.get(1) != nullptr) {
+      resumed_beside_1 = true;
+      EXPECT_EQ(s.get(1)->status, SequenceStatus::kRunning) << "step " << i;
+    }
+  }
+  EXPECT_TRUE(resumed_beside_1);
+  EXPECT_EQ(finished, (std::vector<paging::SeqId>{3, 1, 2}));  // 3 is the shortest
+  EXPECT_EQ(kv.usage().used_blocks, 0);
+}
+
 TEST(Scheduler, PriorityPolicyAdmitsAndPreemptsByPriority) {
   paging::KVCacheManager kv(4);
   SchedulerConfig config;
