@@ -209,10 +209,10 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
   for (const char* name :
        {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
         "structured_outputs", "truncate_prompt_tokens", "audio", "allowed_token_ids", "bad_words",
-        "functions", "function_call"}) {
+        "functions", "function_call", "prompt_embeds"}) {
     if (field(body, name) != nullptr) fail(std::string("'") + name + "' is not supported", name);
   }
-  for (const char* name : {"return_tokens_as_token_ids", "continue_final_message"}) {
+  for (const char* name : {"return_tokens_as_token_ids", "continue_final_message", "echo"}) {
     if (auto v = bool_field(body, name); v && *v) {
       fail(std::string("'") + name + "' is not supported", name);
     }
@@ -569,9 +569,6 @@ CompletionRequest parse_completion_request(const std::string& body_text,
   if (auto v = int_field(body, "logprobs", 0, kMaxTopLogprobs)) {
     r.params.logprobs = true;
     r.params.top_logprobs = static_cast<int32_t>(*v);
-  }
-  if (auto v = bool_field(body, "echo"); v && *v) {
-    fail("'echo' is not supported", "echo");
   }
   if (auto v = string_field(body, "suffix"); v && !v->empty()) {
     fail("'suffix' is not supported", "suffix");

@@ -170,7 +170,8 @@ TEST(OpenAIProtocol, RefusesOptionsItDoesNotHonour) {
         R"("allowed_token_ids": [1, 2])", R"("bad_words": ["x"])",
         R"("functions": [{"name": "f"}])", R"("function_call": "auto")",
         R"("return_tokens_as_token_ids": true)", R"("continue_final_message": true)",
-        R"("chat_template": "{{ 1 }}")"}) {
+        R"("chat_template": "{{ 1 }}")", R"("echo": true)", R"("structured_outputs": {})",
+        R"("prompt_embeds": "AAAA")"}) {
     const ApiError e = chat_error(chat_with(field));
     EXPECT_EQ(e.status, 400) << field;
     EXPECT_NE(e.message.find("not supported"), std::string::npos) << field << ": " << e.message;
@@ -178,8 +179,13 @@ TEST(OpenAIProtocol, RefusesOptionsItDoesNotHonour) {
   for (const char* field :
        {R"("prompt_logprobs": null)", R"("use_beam_search": false)", R"("length_penalty": 1.0)",
         R"("modalities": ["text"])", R"("prediction": {"type": "content", "content": "x"})",
-        R"("continue_final_message": false)"}) {
+        R"("continue_final_message": false)", R"("echo": false)"}) {
     EXPECT_NO_THROW(parse_chat_request(chat_with(field))) << field;
+  }
+  // And on the completions route.
+  for (const char* body : {R"({"prompt": "a", "echo": true})", R"({"prompt": "a", "suffix": "b"})",
+                           R"({"prompt": "a", "prompt_embeds": "AAAA"})"}) {
+    EXPECT_EQ(completion_error(body).status, 400) << body;
   }
 }
 
