@@ -347,6 +347,7 @@ struct HttpServer::Impl {
              }));
     http.Post("/tokenize", wrap(true, "req-", [this](auto& req, auto& res, auto&) {
                 const TokenizeRequest r = parse_tokenize_request(req.body);
+                require_model(r.model);
                 const std::string text =
                     r.prompt
                         ? *r.prompt
@@ -357,7 +358,9 @@ struct HttpServer::Impl {
                                 kJson);
               }));
     http.Post("/detokenize", wrap(true, "req-", [this](auto& req, auto& res, auto&) {
-                const std::vector<int32_t> ids = parse_detokenize_request(req.body);
+                const DetokenizeRequest r = parse_detokenize_request(req.body);
+                require_model(r.model);
+                const std::vector<int32_t>& ids = r.tokens;
                 for (int32_t id : ids) {
                   if (id >= static_cast<int32_t>(tokenizer->vocab_size())) {
                     throw ApiException(invalid_request(
@@ -495,13 +498,23 @@ struct HttpServer::Impl {
     return prompts;
   }
 
-  ApiError submit_error(const engine::SubmitAllResult& result) const {
+  // 404 for a model this server does not serve; no name asks for none in particular.
+  void require_model(const std::string& name) const {
+    if (name.empty() || name == options.served_model_name) return;
+    ApiError e = error_for_status(404, "the model '" + name + "' does not exist");
+    e.param = "model";
+    e.code = "model_not_found";
+    throw ApiException(e);
+  }
+
+  ApiError submit_error(const engine::SubmitAllResult& result,
+                        const std::string& max_tokens_param) const {
     switch (result.status) {
       case AddStatus::kQueueFull:
         if (draining) return error_for_status(503, result.message);
         return error_for_status(429, result.message);
       case AddStatus::kTooLong:
-        return invalid_request(result.message, "max_tokens");
+        return invalid_request(result.message, max_tokens_param);
       case AddStatus::kNeverFits:
       case AddStatus::kInvalid:
       default:
@@ -518,12 +531,7 @@ struct HttpServer::Impl {
 
   void generate(const CompletionRequest& r, const httplib::Request& req, httplib::Response& res,
                 const std::shared_ptr<AccessLog>& log) {
-    if (!r.model.empty() && r.model != options.served_model_name) {
-      ApiError e = error_for_status(404, "the model '" + r.model + "' does not exist");
-      e.param = "model";
-      e.code = "model_not_found";
-      throw ApiException(e);
-    }
+    require_model(r.model);
     if (draining) throw ApiException(error_for_status(503, "the server is shutting down"));
     const auto prompts = prompt_tokens(r);
     // A prompt that fills the context is at fault whatever max_tokens asks for; checked
@@ -567,7 +575,7 @@ struct HttpServer::Impl {
     }
     engine::SubmitAllResult submitted = engine.submit_all(std::move(sequences));
     if (!submitted.ok()) {
-      const ApiError e = submit_error(submitted);
+      const ApiError e = submit_error(submitted, r.max_tokens_param);
       if (e.status == 429) res.set_header("Retry-After", "1");
       throw ApiException(e);
     }

@@ -151,7 +151,10 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
   r.model = string_field(body, "model").value_or("");
   scheduler::SamplingParams& p = r.params;
   auto max_tokens = int_field(body, "max_tokens", 1, kMaxInt32);
-  if (auto v = int_field(body, "max_completion_tokens", 1, kMaxInt32)) max_tokens = v;
+  if (auto v = int_field(body, "max_completion_tokens", 1, kMaxInt32)) {
+    max_tokens = v;
+    r.max_tokens_param = "max_completion_tokens";
+  }
   if (max_tokens) {
     p.max_tokens = static_cast<int32_t>(*max_tokens);
     r.max_tokens_set = true;
@@ -656,6 +659,7 @@ TokenizeRequest parse_tokenize_request(const std::string& body_text) {
   }
   if (auto v = bool_field(body, "add_special_tokens")) r.add_special_tokens = *v;
   if (auto v = bool_field(body, "add_generation_prompt")) r.add_generation_prompt = *v;
+  r.model = string_field(body, "model").value_or("");
   return r;
 }
 
@@ -667,11 +671,11 @@ std::string tokenize_response(const std::vector<int32_t>& tokens, int64_t max_mo
   return dump(out);
 }
 
-std::vector<int32_t> parse_detokenize_request(const std::string& body_text) {
+DetokenizeRequest parse_detokenize_request(const std::string& body_text) {
   const ordered_json body = parse_body(body_text);
   const ordered_json* tokens = field(body, "tokens");
   if (!tokens || !tokens->is_array()) fail("'tokens' must be a list of token ids", "tokens");
-  return token_list(*tokens, "tokens");
+  return {token_list(*tokens, "tokens"), string_field(body, "model").value_or("")};
 }
 
 std::string detokenize_response(const std::string& prompt) {

@@ -60,6 +60,7 @@ struct CompletionRequest {
   std::vector<PromptInput> prompts;
   scheduler::SamplingParams params;
   bool max_tokens_set = false;  // unset (chat): the rest of the context window
+  std::string max_tokens_param = "max_tokens";  // or max_completion_tokens, as sent
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   int32_t priority = 0;
@@ -154,10 +155,15 @@ struct TokenizeRequest {
   std::string template_variables_json;  // with messages: tools, chat_template_kwargs
   bool add_special_tokens = true;
   bool add_generation_prompt = true;
+  std::string model;  // empty: any
 };
 TokenizeRequest parse_tokenize_request(const std::string& body);
 std::string tokenize_response(const std::vector<int32_t>& tokens, int64_t max_model_len);
-std::vector<int32_t> parse_detokenize_request(const std::string& body);
+struct DetokenizeRequest {
+  std::vector<int32_t> tokens;
+  std::string model;  // empty: any
+};
+DetokenizeRequest parse_detokenize_request(const std::string& body);
 std::string detokenize_response(const std::string& prompt);
 
 // /v1/models.

@@ -517,6 +517,13 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
   ASSERT_EQ(client_->Get("/health")->status, 200);
   const json model = expect_error(*client_, chat_path, chat("x", {{"model", "gpt-9"}}).dump(), 404);
   EXPECT_EQ(model["code"], "model_not_found");
+  // The tokenizer's routes check the model too.
+  EXPECT_EQ(expect_error(*client_, "/tokenize", json({{"prompt", "x"}, {"model", "gpt-9"}}).dump(),
+                         404)["code"],
+            "model_not_found");
+  EXPECT_EQ(expect_error(*client_, "/detokenize",
+                         json({{"tokens", {300}}, {"model", "gpt-9"}}).dump(), 404)["code"],
+            "model_not_found");
   expect_error(*client_, "/v1/nothing", "{}", 404);
 
   // Over the context window: the message gives the length and the limit.
@@ -532,6 +539,10 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
                    json({{"prompt", std::vector<int>(2000, 5)}, {"max_tokens", 100}}).dump(), 400);
   EXPECT_EQ(too_many["param"], "max_tokens") << too_many;
   EXPECT_NE(too_many["message"].get<std::string>().find("2100"), std::string::npos) << too_many;
+  // Asked for as max_completion_tokens, the error names that field.
+  const json too_many_completion =
+      expect_error(*client_, chat_path, chat("x", {{"max_completion_tokens", 5000}}).dump(), 400);
+  EXPECT_EQ(too_many_completion["param"], "max_completion_tokens") << too_many_completion;
   // A chat request without max_tokens: the messages alone are at fault.
   std::string words;
   for (int i = 0; i < 3000; ++i)

@@ -499,7 +499,9 @@ TEST(OpenAIProtocol, TokenizeAndDetokenizeBodies) {
   EXPECT_EQ(tools.template_variables_json,
             R"({"tools":[{"type":"function"}],"enable_thinking":false})");
   EXPECT_THROW(parse_tokenize_request("{}"), ApiException);
-  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [1, 2]})"), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [1, 2]})").tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [1], "model": "m"})").model, "m");
+  EXPECT_EQ(parse_tokenize_request(R"({"prompt": "a", "model": "m"})").model, "m");
   EXPECT_THROW(parse_detokenize_request(R"({"tokens": "x"})"), ApiException);
   const json t = json::parse(tokenize_response({1, 2, 3}, 128));
   EXPECT_EQ(t["count"], 3);
