@@ -171,6 +171,7 @@ void drain(int fd, size_t max_bytes, std::chrono::milliseconds max_time) {
 struct Choice {
   int32_t index = 0;
   int32_t prompt_index = 0;
+  int64_t prompt_tokens = 0;
   std::shared_ptr<engine::RequestStream> stream;
   bool done = false;
   CharacterCounter logprob_chars;  // characters of the tokens whose logprobs went out
@@ -570,6 +571,7 @@ struct HttpServer::Impl {
         Choice c;
         c.index = index;
         c.prompt_index = static_cast<int32_t>(p);
+        c.prompt_tokens = static_cast<int64_t>(prompts[p].size());
         choices.push_back(std::move(c));
       }
     }
@@ -768,11 +770,21 @@ struct HttpServer::Impl {
   bool write_stream(const CompletionRequest& r, const ResponseMeta& meta,
                     std::vector<Choice>& choices, int socket, httplib::DataSink& sink,
                     const std::shared_ptr<AccessLog>& log) {
+    // With continuous usage stats, a choice's usage so far goes with each of its chunks.
+    UsageResult so_far;
+    auto usage_for = [&](const Choice& c) -> const UsageResult* {
+      if (!r.continuous_usage) return nullptr;
+      so_far.prompt_tokens = c.prompt_tokens;
+      so_far.completion_tokens = c.final.finished
+                                     ? c.final.usage.completion_tokens
+                                     : static_cast<int64_t>(c.final.token_times.size());
+      return &so_far;
+    };
     if (r.chat) {
       for (Choice& c : choices) {
         ChoiceResult role;
         role.index = c.index;
-        if (!send_event(sink, stream_chunk(true, meta, role, true))) return false;
+        if (!send_event(sink, stream_chunk(true, meta, role, true, usage_for(c)))) return false;
       }
     }
     std::optional<ApiError> failure;
@@ -809,13 +821,13 @@ struct HttpServer::Impl {
           }
         }
         if (!out.text.empty() || !out.logprobs.empty()) {
-          if (!send_event(sink, stream_chunk(r.chat, meta, out, false))) return false;
+          if (!send_event(sink, stream_chunk(r.chat, meta, out, false, usage_for(c)))) return false;
         }
         if (chunk->finished) {
           ChoiceResult end;
           end.index = c.index;
           end.finish_reason = finish_name(chunk->finish_reason);
-          if (!send_event(sink, stream_chunk(r.chat, meta, end, false))) return false;
+          if (!send_event(sink, stream_chunk(r.chat, meta, end, false, usage_for(c)))) return false;
         }
       }
       if (any) {

@@ -271,6 +271,8 @@ void parse_common(const ordered_json& body, CompletionRequest& r) {
   if (const ordered_json* v = field(body, "stream_options")) {
     if (!v->is_object()) fail("'stream_options' must be an object", "stream_options");
     if (auto u = bool_field(*v, "include_usage")) r.include_usage = *u;
+    auto continuous = bool_field(*v, "continuous_usage_stats");
+    r.continuous_usage = r.include_usage && continuous.value_or(false);
   }
 }
 
@@ -602,7 +604,7 @@ std::string completion_response(bool chat, const ResponseMeta& meta,
 }
 
 std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult& c,
-                         bool role_delta) {
+                         bool role_delta, const UsageResult* usage) {
   ordered_json out = header(chat, meta, "chat.completion.chunk", "text_completion");
   ordered_json choice;
   choice["index"] = c.index;
@@ -617,6 +619,12 @@ std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult
   choice["logprobs"] = logprobs_json(chat, c);
   choice["finish_reason"] = finish_json(c);
   out["choices"] = ordered_json::array({std::move(choice)});
+  if (usage) {
+    // The cached-token count is known at the end only: the last chunk has it.
+    out["usage"] = {{"prompt_tokens", usage->prompt_tokens},
+                    {"completion_tokens", usage->completion_tokens},
+                    {"total_tokens", usage->prompt_tokens + usage->completion_tokens}};
+  }
   return dump(out);
 }
 

@@ -63,6 +63,9 @@ struct CompletionRequest {
   std::string max_tokens_param = "max_tokens";  // or max_completion_tokens, as sent
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // stream_options.continuous_usage_stats, with include_usage: each chunk carries its
+  // choice's usage so far.
+  bool continuous_usage = false;
   int32_t priority = 0;
   bool skip_special_tokens = true;
   // Whether the tokenizer adds its special tokens (BOS) to the prompt text: by default
@@ -136,8 +139,9 @@ std::string completion_response(bool chat, const ResponseMeta& meta,
 
 // One SSE data payload: a chunk with one choice. Chat chunks with `role_delta` carry
 // delta.role = "assistant".
+// `usage`, when given: the choice's usage so far (continuous usage stats).
 std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult& choice,
-                         bool role_delta);
+                         bool role_delta, const UsageResult* usage = nullptr);
 // The final usage chunk of stream_options.include_usage (choices empty).
 std::string stream_usage_chunk(bool chat, const ResponseMeta& meta, const UsageResult& usage);
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -303,6 +304,76 @@ TEST_F(Server, ChatStreamingAndWholeGiveTheSameGreedyText) {
   EXPECT_EQ(usage_chunk["usage"]["completion_tokens"], 12);
   // The second identical prompt finds its full blocks in the prefix cache.
   EXPECT_GT(usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
+}
+
+// stream_options.continuous_usage_stats (with include_usage), as in vLLM: each chunk of a
+// choice carries that choice's usage so far; the last chunk still sums them all.
+TEST_F(Server, ContinuousUsageStatsGiveEachChunkItsChoicesCountsSoFar) {
+  const int64_t prompt_tokens = post_json(*client_, "/tokenize", chat("Count along"))["count"];
+  json body = chat("Count along", {{"max_tokens", 9},
+                                   {"n", 2},
+                                   {"temperature", 1.0},
+                                   {"seed", 3},
+                                   {"ignore_eos", true},
+                                   {"stream", true},
+                                   {"stream_options",
+                                    {{"include_usage", true}, {"continuous_usage_stats", true}}}});
+  const Sse sse = post_stream(*client_, "/v1/chat/completions", body);
+  ASSERT_TRUE(sse.done);
+  ASSERT_GE(sse.events.size(), 5u);  // two role chunks, text, two ends, the sum
+  std::map<int, int64_t> so_far;
+  for (size_t i = 0; i + 1 < sse.events.size(); ++i) {
+    const json& e = sse.events[i];
+    ASSERT_EQ(e["choices"].size(), 1u) << e;
+    ASSERT_TRUE(e.contains("usage")) << e;
+    const int index = e["choices"][0]["index"];
+    const int64_t n = e["usage"]["completion_tokens"];
+    EXPECT_EQ(e["usage"]["prompt_tokens"], prompt_tokens) << e;
+    EXPECT_EQ(e["usage"]["total_tokens"], prompt_tokens + n) << e;
+    EXPECT_GE(n, so_far[index]) << e;
+    if (i < 2) {
+      EXPECT_EQ(n, 0) << e;  // the role chunks
+    }
+    if (!e["choices"][0]["finish_reason"].is_null()) {
+      EXPECT_EQ(n, 9) << e;
+    }
+    so_far[index] = n;
+  }
+  EXPECT_EQ(so_far, (std::map<int, int64_t>{{0, 9}, {1, 9}}));
+  EXPECT_TRUE(sse.events.back()["choices"].empty());
+  EXPECT_EQ(sse.events.back()["usage"]["completion_tokens"], 18);
+  EXPECT_EQ(sse.events.back()["usage"]["prompt_tokens"], prompt_tokens);
+
+  // Without include_usage it asks for nothing.
+  body["stream_options"] = {{"continuous_usage_stats", true}};
+  const Sse plain = post_stream(*client_, "/v1/chat/completions", body);
+  ASSERT_TRUE(plain.done);
+  for (const json& e : plain.events)
+    EXPECT_FALSE(e.contains("usage")) << e;
+
+  // Completions, one choice with logprobs: each chunk's count is the tokens it and the
+  // chunks before it carried.
+  const Sse completion = post_stream(
+      *client_, "/v1/completions",
+      {{"prompt", "Once upon a time"},
+       {"max_tokens", 30},
+       {"logprobs", 0},
+       {"ignore_eos", true},
+       {"stream", true},
+       {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}});
+  ASSERT_TRUE(completion.done);
+  ASSERT_GE(completion.events.size(), 3u);
+  int64_t tokens = 0;
+  for (size_t i = 0; i + 1 < completion.events.size(); ++i) {
+    const json& e = completion.events[i];
+    const json& logprobs = e["choices"][0]["logprobs"];
+    if (!logprobs.is_null()) tokens += static_cast<int64_t>(logprobs["tokens"].size());
+    ASSERT_TRUE(e.contains("usage")) << e;
+    EXPECT_EQ(e["usage"]["completion_tokens"], tokens) << e;
+  }
+  const json& end = completion.events[completion.events.size() - 2];
+  EXPECT_EQ(end["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(end["usage"]["completion_tokens"], 30);
 }
 
 TEST_F(Server, CompletionsStreamingAndWholeGiveTheSameGreedyText) {

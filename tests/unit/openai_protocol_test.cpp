@@ -67,6 +67,18 @@ TEST(OpenAIProtocol, ParsesChatSamplingParameters) {
   EXPECT_EQ(r.priority, 2);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
+  EXPECT_FALSE(r.continuous_usage);
+  // continuous_usage_stats counts only with include_usage, as in vLLM.
+  auto continuous = [](const char* options) {
+    return parse_chat_request(chat_with(std::string(R"("stream": true, "stream_options": )") +
+                                        options))
+        .continuous_usage;
+  };
+  EXPECT_TRUE(continuous(R"({"include_usage": true, "continuous_usage_stats": true})"));
+  EXPECT_FALSE(continuous(R"({"continuous_usage_stats": true})"));
+  EXPECT_FALSE(continuous(R"({"include_usage": true, "continuous_usage_stats": false})"));
+  EXPECT_EQ(chat_error(chat_with(R"("stream_options": {"continuous_usage_stats": 1})")).param,
+            "continuous_usage_stats");
 }
 
 TEST(OpenAIProtocol, DefaultsAndNullsLeaveParametersUnset) {
@@ -481,6 +493,12 @@ TEST(OpenAIProtocol, StreamChunks) {
   const json completion = json::parse(stream_chunk(false, {"cmpl-1", 7, "m"}, text, false));
   EXPECT_EQ(completion["object"], "text_completion");
   EXPECT_EQ(completion["choices"][0]["text"], "hi");
+  EXPECT_FALSE(completion.contains("usage"));
+  // With continuous usage: the choice's counts so far.
+  const UsageResult so_far{4, 1, 0};
+  const json counted = json::parse(stream_chunk(true, meta, text, false, &so_far));
+  EXPECT_EQ(counted["usage"], json({{"prompt_tokens", 4}, {"completion_tokens", 1},
+                                    {"total_tokens", 5}}));
 }
 
 TEST(OpenAIProtocol, TokenizeAndDetokenizeBodies) {
