@@ -225,6 +225,7 @@ void SseParser::end_line(std::vector<std::string>& events) {
 ServerMetricsSample parse_prometheus_metrics(std::string_view text) {
   ServerMetricsSample s;
   std::map<std::string, double> sums;
+  std::map<std::string, int> label_sets;
   size_t pos = 0;
   while (pos < text.size()) {
     size_t end = text.find('\n', pos);
@@ -249,6 +250,7 @@ ServerMetricsSample parse_prometheus_metrics(std::string_view text) {
     const double value = std::strtod(rest.c_str(), &parsed_end);
     if (parsed_end == rest.c_str()) continue;
     sums[std::string(name)] += value;
+    ++label_sets[std::string(name)];
     s.present = true;
   }
   auto get = [&](const char* name) -> std::optional<double> {
@@ -256,8 +258,15 @@ ServerMetricsSample parse_prometheus_metrics(std::string_view text) {
     if (it == sums.end()) return std::nullopt;
     return it->second;
   };
-  s.kv_cache_usage = get("kv_cache_usage_perc");
-  if (!s.kv_cache_usage) s.kv_cache_usage = get("gpu_cache_usage_perc");
+  // A share is averaged over its label sets (a data-parallel server's engines, of one
+  // size); the counts are summed.
+  auto share = [&](const char* name) -> std::optional<double> {
+    auto sum = get(name);
+    if (sum) *sum /= label_sets[name];
+    return sum;
+  };
+  s.kv_cache_usage = share("kv_cache_usage_perc");
+  if (!s.kv_cache_usage) s.kv_cache_usage = share("gpu_cache_usage_perc");
   s.kv_used_blocks = get("kv_cache_used_blocks");
   s.prefix_cache_queries = get("prefix_cache_queries_total");
   s.prefix_cache_hits = get("prefix_cache_hits_total");

@@ -221,7 +221,7 @@ RequestResult send_request(httplib::Client& client, const Target& target, const 
     result.error = "stream ended without [DONE]";
     return result;
   }
-  if (chunks == 0 && usage_output.value_or(0) > 0) {
+  if (chunks == 0) {  // no first token to time (vLLM fails these too)
     result.error = "no streamed tokens";
     return result;
   }

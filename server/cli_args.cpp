@@ -14,6 +14,15 @@ std::optional<long long> whole_integer(const std::string& text) {
   return value;
 }
 
+long long integer_in(const std::string& name, const std::string& text, long long lo, long long hi) {
+  const std::optional<long long> v = whole_integer(text);
+  if (!v || *v < lo || *v > hi) {
+    throw UsageError(name + " must be an integer in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "], not '" + text + "'");
+  }
+  return *v;
+}
+
 std::optional<double> whole_number(const std::string& text) {
   size_t used = 0;
   double value = 0;

@@ -23,6 +23,8 @@ class UsageError : public std::runtime_error {
 // "inf" included); nullopt when it is not one: empty, trailing characters, out of range.
 std::optional<long long> whole_integer(const std::string& text);
 std::optional<double> whole_number(const std::string& text);
+// The value of option `name`, an integer in [lo, hi]; UsageError otherwise.
+long long integer_in(const std::string& name, const std::string& text, long long lo, long long hi);
 
 class ArgReader {
  public:

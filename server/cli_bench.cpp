@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "bench/load_generator.h"
@@ -47,14 +48,6 @@ constexpr const char* kUsage =
     "\n"
     "Exits 1 when any request failed.\n";
 
-long long parse_int(const std::string& name, const std::string& text, long long min) {
-  const std::optional<long long> value = whole_integer(text);
-  if (!value || *value < min)
-    throw UsageError(name + " must be an integer of at least " + std::to_string(min) + ", not '" +
-                     text + "'");
-  return *value;
-}
-
 double parse_number(const std::string& name, const std::string& text) {
   const std::optional<double> value = whole_number(text);  // "inf" included
   if (!value || !(*value >= 0))
@@ -81,9 +74,11 @@ int run_bench(Args args) {
     if (!reader.positional().empty())
       throw UsageError("unexpected argument '" + reader.positional().front() + "'");
     o.url = reader.required_option("--url");
-    auto integer = [&](const char* name, long long fallback, long long min) {
+    // Counts and lengths are ints; the seed takes any non-negative long long.
+    auto integer = [&](const char* name, long long fallback, long long min,
+                       long long max = std::numeric_limits<int32_t>::max()) {
       auto v = reader.option(name);
-      return v ? parse_int(name, *v, min) : fallback;
+      return v ? integer_in(name, *v, min, max) : fallback;
     };
     o.concurrency = static_cast<int>(integer("--concurrency", 0, 1));
     o.workload.num_requests = static_cast<int>(integer("--num-requests", 100, 1));
@@ -92,7 +87,8 @@ int run_bench(Args args) {
     o.workload.shared_prefix_len = static_cast<int>(integer("--shared-prefix-len", 0, 0));
     o.workload.vocab_size =
         static_cast<int>(integer("--vocab-size", 500, bench::kFirstPromptTokenId + 1));
-    o.workload.seed = static_cast<uint64_t>(integer("--seed", 0, 0));
+    o.workload.seed =
+        static_cast<uint64_t>(integer("--seed", 0, 0, std::numeric_limits<long long>::max()));
     o.warmup = static_cast<int>(integer("--warmup", 0, 0));
     if (auto v = reader.option("--request-rate")) {
       o.request_rate = parse_number("--request-rate", *v);

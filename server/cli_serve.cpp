@@ -115,15 +115,6 @@ struct ServeOptions {
   double shutdown_timeout = 30;
 };
 
-int64_t parse_int(const std::string& name, const std::string& text, int64_t lo, int64_t hi) {
-  const std::optional<long long> v = whole_integer(text);
-  if (!v || *v < lo || *v > hi) {
-    throw UsageError(name + " must be an integer in [" + std::to_string(lo) + ", " +
-                     std::to_string(hi) + "], not '" + text + "'");
-  }
-  return *v;
-}
-
 // Config file values as option strings, keyed by flag name ("max_num_seqs" and
 // "max-num-seqs" both name --max-num-seqs).
 std::map<std::string, std::string> read_config(const std::string& path) {
@@ -178,7 +169,7 @@ ServeOptions parse_options(const ArgReader& reader) {
   ServeOptions o;
   if (auto v = get("--model")) o.model = *v;
   if (auto v = get("--host")) o.host = *v;
-  if (auto v = get("--port")) o.port = static_cast<int>(parse_int("--port", *v, 0, 65535));
+  if (auto v = get("--port")) o.port = static_cast<int>(integer_in("--port", *v, 0, 65535));
   if (auto v = get("--backend")) o.backend = *v;
   if (auto v = get("--cpu-matmul")) {
     if (!engine::known_cpu_matmul(*v)) {
@@ -187,25 +178,25 @@ ServeOptions parse_options(const ArgReader& reader) {
     o.cpu_matmul = *v;
   }
   if (auto v = get("--num-kv-blocks"))
-    o.num_kv_blocks = parse_int("--num-kv-blocks", *v, 1, kInt32Max);
+    o.num_kv_blocks = integer_in("--num-kv-blocks", *v, 1, kInt32Max);
   if (auto v = get("--kv-cache-bytes")) {
-    o.kv_cache_bytes = parse_int("--kv-cache-bytes", *v, 1, std::numeric_limits<int64_t>::max());
+    o.kv_cache_bytes = integer_in("--kv-cache-bytes", *v, 1, std::numeric_limits<int64_t>::max());
   }
   if (o.num_kv_blocks && o.kv_cache_bytes) {
     throw UsageError("give --num-kv-blocks or --kv-cache-bytes, not both");
   }
   if (auto v = get("--max-num-seqs")) {
-    o.max_num_seqs = static_cast<int32_t>(parse_int("--max-num-seqs", *v, 1, 65536));
+    o.max_num_seqs = static_cast<int32_t>(integer_in("--max-num-seqs", *v, 1, 65536));
   }
   if (auto v = get("--max-num-batched-tokens")) {
     o.max_num_batched_tokens =
-        static_cast<int32_t>(parse_int("--max-num-batched-tokens", *v, 1, kInt32Max));
+        static_cast<int32_t>(integer_in("--max-num-batched-tokens", *v, 1, kInt32Max));
   }
   if (auto v = get("--max-model-len")) {
-    o.max_model_len = static_cast<int32_t>(parse_int("--max-model-len", *v, 0, kInt32Max));
+    o.max_model_len = static_cast<int32_t>(integer_in("--max-model-len", *v, 0, kInt32Max));
   }
   if (auto v = get("--max-waiting")) {
-    o.max_waiting = static_cast<int32_t>(parse_int("--max-waiting", *v, 1, kInt32Max));
+    o.max_waiting = static_cast<int32_t>(integer_in("--max-waiting", *v, 1, kInt32Max));
   }
   if (auto v = get("--scheduling-policy")) {
     if (*v != "fcfs" && *v != "priority") {
@@ -228,7 +219,7 @@ ServeOptions parse_options(const ArgReader& reader) {
   }
   if (auto v = get("--log-level")) o.log_level = *v;
   if (auto v = get("--shutdown-timeout")) {
-    o.shutdown_timeout = static_cast<double>(parse_int("--shutdown-timeout", *v, 0, 24 * 3600));
+    o.shutdown_timeout = static_cast<double>(integer_in("--shutdown-timeout", *v, 0, 24 * 3600));
   }
   if (auto v = get("--gpu-memory-utilization")) {
     const std::optional<double> f = whole_number(*v);

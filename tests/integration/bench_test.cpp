@@ -121,7 +121,8 @@ TEST(BenchTest, OpenLoopPoissonArrivalsWithoutSharedPrefix) {
 // time.
 class ClosingServer {
  public:
-  ClosingServer() {
+  // Each completion streams `text_events` events of one token.
+  explicit ClosingServer(int text_events = 4) : text_events_(text_events) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -174,11 +175,10 @@ class ClosingServer {
     if (in.rfind("POST /v1/completions ", 0) == 0) {
       ++completions_;
       std::string events;
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < text_events_; ++i)
         events += "data: {\"choices\":[{\"index\":0,\"text\":\" t\"}]}\n\n";
-      events +=
-          "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":4}}"
-          "\n\ndata: [DONE]\n\n";
+      events += "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":" +
+                std::to_string(text_events_) + "}}\n\ndata: [DONE]\n\n";
       char size[16];
       std::snprintf(size, sizeof size, "%zx", events.size());
       out =
@@ -197,6 +197,7 @@ class ClosingServer {
     close(c);
   }
 
+  const int text_events_;
   int fd_ = -1, port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> completions_{0};
@@ -218,6 +219,21 @@ TEST(BenchTest, ConnectionsTheServerClosesAreReopened) {
   EXPECT_EQ(server.completions(), 10);  // 2 warm-up + 8, each sent once
   // Four events of text a request, in one read: three gaps each, however short.
   EXPECT_EQ(run.report["itl_ms"]["count"], 8 * 3);
+}
+
+// A stream that ends without any text has no first token to time: it fails, as in vLLM,
+// instead of counting with a TTFT of 0.
+TEST(BenchTest, AStreamWithoutTextFails) {
+  ClosingServer server(/*text_events=*/0);
+  ASSERT_GT(server.port(), 0);
+  const BenchRun run = run_bench(server,
+                                 "--model fake --concurrency 1 --num-requests 3 --input-len 8 "
+                                 "--output-len 4");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  ASSERT_FALSE(run.report.is_discarded()) << run.output;
+  EXPECT_EQ(run.report["completed"], 0) << run.report.dump();
+  EXPECT_EQ(run.report["failed"], 3);
+  EXPECT_TRUE(run.report["errors"].contains("no streamed tokens")) << run.report["errors"].dump();
 }
 
 TEST(BenchTest, FailedRequestsAreCountedWithTheirErrorAndExitNonZero) {
@@ -308,6 +324,15 @@ TEST(BenchTest, UsageErrorsExitTwo) {
                               output),
             2)
       << output;
+  // Integers past an int are refused, not wrapped (4294967296 requests would be 0).
+  for (const char* flag : {"--num-requests 4294967296", "--concurrency 4294967297",
+                           "--output-len 4294967298", "--warmup 2147483648"}) {
+    EXPECT_EQ(test::run_command(std::string(PAGELLM_BINARY) +
+                                    " bench --url http://127.0.0.1:1 --model m " + flag,
+                                output),
+              2)
+        << flag << ": " << output;
+  }
   for (const char* timeout : {"0", "inf", "nan"}) {
     EXPECT_EQ(test::run_command(std::string(PAGELLM_BINARY) +
                                     " bench --url http://127.0.0.1:1 --timeout " + timeout,

@@ -273,6 +273,11 @@ TEST(PrometheusParseTest, ReadsNamesAfterTheNamespaceSummedOverLabels) {
   EXPECT_DOUBLE_EQ(s.preemptions.value(), 5);
   EXPECT_DOUBLE_EQ(s.kv_used_blocks.value(), 7);
   EXPECT_FALSE(s.requests_running.has_value());
+  // A share is averaged over its label sets (a data-parallel server's engines), not
+  // summed past 100%.
+  const ServerMetricsSample engines = parse_prometheus_metrics(
+      "vllm:kv_cache_usage_perc{engine=\"0\"} 0.6\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.8\n");
+  EXPECT_DOUBLE_EQ(engines.kv_cache_usage.value(), 0.7);
   EXPECT_FALSE(parse_prometheus_metrics("<html>not metrics</html>").present);
 }
 
