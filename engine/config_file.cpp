@@ -19,7 +19,8 @@ nlohmann::json parse_config_object(const std::string& text, const std::string& o
   nlohmann::json value;
   try {
     value = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error, and out_of_range for a number past a double's range (1e400).
     throw ConfigError(origin + ": not valid JSON: " + e.what());
   }
   if (!value.is_object()) throw ConfigError(origin + ": expected a JSON object at the top level");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numbers>
 
@@ -351,6 +352,33 @@ void check_positive(const FieldReader& fields, const char* key, int64_t value) {
   if (value <= 0) fields.fail(key, "must be positive, not " + std::to_string(value));
 }
 
+// A size: positive, and at most `max` (sizes are ints in the kernels, and layer and head
+// counts size allocations before any tensor is read).
+constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxCount = int64_t{1} << 16;
+void check_size(const FieldReader& fields, const char* key, int64_t value, int64_t max) {
+  check_positive(fields, key, value);
+  if (value > max) {
+    fields.fail(key, "is " + std::to_string(value) + "; at most " + std::to_string(max) +
+                         " is supported");
+  }
+}
+
+// The context RoPE scaling gives, in double (checked before it becomes an integer).
+double scaled_context(const ModelConfig& c) {
+  if (!c.rope_scaling) return static_cast<double>(c.max_position_embeddings);
+  const RopeScaling& s = *c.rope_scaling;
+  switch (s.type) {
+    case RopeScaling::Type::kYarn:
+      return static_cast<double>(s.original_max_position_embeddings) * s.factor;
+    case RopeScaling::Type::kLinear:
+      return static_cast<double>(c.max_position_embeddings) * s.factor;
+    case RopeScaling::Type::kLlama3:
+      break;
+  }
+  return static_cast<double>(c.max_position_embeddings);
+}
+
 }  // namespace
 
 const char* architecture_name(Architecture a) {
@@ -397,14 +425,14 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   out.intermediate_size = fields.integer("intermediate_size");
   out.num_layers = fields.integer("num_hidden_layers");
   out.num_heads = fields.integer("num_attention_heads");
-  check_positive(fields, "vocab_size", out.vocab_size);
-  check_positive(fields, "hidden_size", out.hidden_size);
-  check_positive(fields, "intermediate_size", out.intermediate_size);
-  check_positive(fields, "num_hidden_layers", out.num_layers);
-  check_positive(fields, "num_attention_heads", out.num_heads);
+  check_size(fields, "vocab_size", out.vocab_size, kMaxSize);
+  check_size(fields, "hidden_size", out.hidden_size, kMaxSize);
+  check_size(fields, "intermediate_size", out.intermediate_size, kMaxSize);
+  check_size(fields, "num_hidden_layers", out.num_layers, kMaxCount);
+  check_size(fields, "num_attention_heads", out.num_heads, kMaxCount);
 
   out.num_kv_heads = fields.integer_or("num_key_value_heads", out.num_heads);
-  check_positive(fields, "num_key_value_heads", out.num_kv_heads);
+  check_size(fields, "num_key_value_heads", out.num_kv_heads, kMaxCount);
   if (out.num_heads % out.num_kv_heads != 0) {
     fields.fail("num_key_value_heads", "(" + std::to_string(out.num_kv_heads) +
                                            ") must divide num_attention_heads (" +
@@ -424,19 +452,38 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     }
     out.head_dim = out.hidden_size / out.num_heads;
   }
-  check_positive(fields, "head_dim", out.head_dim);
+  check_size(fields, "head_dim", out.head_dim, kMaxCount);
   if (out.head_dim % 2 != 0) fields.fail("head_dim", "must be even for rotary embeddings");
+  if (out.num_heads * out.head_dim > kMaxSize) {  // both at most 2^16: no overflow
+    fields.fail("head_dim", "(" + std::to_string(out.head_dim) + ") times num_attention_heads (" +
+                                std::to_string(out.num_heads) + ") must be at most " +
+                                std::to_string(kMaxSize));
+  }
 
   out.rms_norm_eps = fields.number_or("rms_norm_eps", 1e-6);
+  if (!(out.rms_norm_eps >= 0)) fields.fail("rms_norm_eps", "must not be negative");
   read_rope(fields, origin, out);
+  if (out.rope_scaling && out.rope_scaling->type == RopeScaling::Type::kYarn &&
+      !(out.rope_theta > 1)) {
+    fields.fail("rope_theta", "must be above 1 with yarn RoPE scaling, whose correction "
+                              "divides by log(rope_theta)");
+  }
   const int64_t default_max_positions = out.architecture == Architecture::kLlama     ? 2048
                                         : out.architecture == Architecture::kMistral ? 4096 * 32
                                                                                      : 32768;
   out.max_position_embeddings = fields.integer_or("max_position_embeddings", default_max_positions);
-  check_positive(fields, "max_position_embeddings", out.max_position_embeddings);
+  check_size(fields, "max_position_embeddings", out.max_position_embeddings, kMaxSize);
   if (out.rope_scaling && out.rope_scaling->type == RopeScaling::Type::kYarn &&
       out.rope_scaling->original_max_position_embeddings == 0) {
     out.rope_scaling->original_max_position_embeddings = out.max_position_embeddings;
+  }
+  if (const double context = scaled_context(out); !(context >= 1 && context <= kMaxSize)) {
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  "with the RoPE scaling factor %g, gives a context of %g tokens, outside [1, %lld]",
+                  out.rope_scaling ? out.rope_scaling->factor : 1.0, context,
+                  static_cast<long long>(kMaxSize));
+    fields.fail("max_position_embeddings", text);
   }
 
   if (out.architecture == Architecture::kMistral) {
@@ -498,18 +545,8 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
 }
 
 int64_t ModelConfig::context_length() const {
-  if (!rope_scaling) return max_position_embeddings;
-  const RopeScaling& s = *rope_scaling;
-  switch (s.type) {
-    case RopeScaling::Type::kYarn:
-      return static_cast<int64_t>(static_cast<double>(s.original_max_position_embeddings) *
-                                  s.factor);
-    case RopeScaling::Type::kLinear:
-      return static_cast<int64_t>(static_cast<double>(max_position_embeddings) * s.factor);
-    case RopeScaling::Type::kLlama3:
-      break;
-  }
-  return max_position_embeddings;
+  // parse_model_config checked that it lies in [1, 2^31).
+  return static_cast<int64_t>(scaled_context(*this));
 }
 
 float ModelConfig::attention_scale() const {

@@ -434,6 +434,47 @@ TEST(ModelConfig, ErrorsNameTheFileAndTheField) {
   EXPECT_THAT(error_of("{\"architectures\": [\"LlamaForCausalLM\"],"),
               AllOf(HasSubstr("test/config.json"), HasSubstr("not valid JSON")));
   EXPECT_THAT(error_of("[1, 2]"), HasSubstr("JSON object"));
+  // A number past a double's range names the file too.
+  EXPECT_THAT(error_of(R"({"rope_theta": 1e400})"),
+              AllOf(HasSubstr("test/config.json"), HasSubstr("not valid JSON")));
+}
+
+// Sizes and numbers no model has are refused with their field, before anything is
+// allocated for them or computed from them.
+TEST(ModelConfig, ImplausibleSizesAndNumbersAreRefused) {
+  EXPECT_THAT(error_of(edited(kTinyLlama, "num_hidden_layers", int64_t{1} << 50)),
+              AllOf(HasSubstr("test/config.json"), HasSubstr("'num_hidden_layers'"),
+                    HasSubstr("at most")));
+  EXPECT_THAT(error_of(edited(kTinyLlama, "vocab_size", int64_t{1} << 40)),
+              AllOf(HasSubstr("'vocab_size'"), HasSubstr("at most")));
+  // Head counts whose products would wrap around to the real shapes.
+  json wrap = json::parse(kTinyLlama);
+  wrap["num_attention_heads"] = (int64_t{1} << 62) + 4;
+  wrap["num_key_value_heads"] = (int64_t{1} << 61) + 2;
+  wrap["head_dim"] = 64;
+  EXPECT_THAT(error_of(wrap.dump()), AllOf(HasSubstr("'num_attention_heads'"), HasSubstr("at most")));
+  json wide = json::parse(kTinyLlama);
+  wide["num_attention_heads"] = 65536;
+  wide["num_key_value_heads"] = 65536;
+  wide["head_dim"] = 65536;
+  EXPECT_THAT(error_of(wide.dump()), AllOf(HasSubstr("'head_dim'"), HasSubstr("at most")));
+  EXPECT_THAT(error_of(edited(kTinyLlama, "rms_norm_eps", -1.0)),
+              AllOf(HasSubstr("'rms_norm_eps'"), HasSubstr("negative")));
+  // YaRN divides by log(rope_theta).
+  json yarn = json::parse(kTinyLlama);
+  yarn["rope_theta"] = 1.0;
+  yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  EXPECT_THAT(error_of(yarn.dump()), AllOf(HasSubstr("'rope_theta'"), HasSubstr("above 1")));
+  // A context the factor stretches past an int, or shrinks to nothing.
+  for (double factor : {1e300, 1e-4}) {
+    json linear = json::parse(kTinyLlama);
+    linear["rope_scaling"] = {{"rope_type", "linear"}, {"factor", factor}};
+    EXPECT_THAT(error_of(linear.dump()),
+                AllOf(HasSubstr("'max_position_embeddings'"), HasSubstr("context of")))
+        << factor;
+  }
+  EXPECT_THAT(error_of(edited(kTinyLlama, "max_position_embeddings", int64_t{1} << 40)),
+              AllOf(HasSubstr("'max_position_embeddings'"), HasSubstr("at most")));
 }
 
 TEST(ModelConfig, LoadNamesTheFile) {
