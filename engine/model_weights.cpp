@@ -1,5 +1,7 @@
 #include "engine/model_weights.h"
 
+#include <set>
+
 #include "engine/tokenizer_config.h"
 
 namespace pagellm::engine {
@@ -16,6 +18,18 @@ const TensorView& tensor(const SafetensorsCheckpoint& checkpoint, const std::str
   return checkpoint.get(name, shape);
 }
 
+// Tensors a checkpoint may carry that the model has no use for, as vLLM skips them:
+// precomputed RoPE tables, and a tied model's copy of its embeddings.
+bool skippable(const std::string& name, const ModelConfig& config) {
+  for (const char* table : {".rotary_emb.inv_freq", ".rotary_emb.cos_cached",
+                            ".rotary_emb.sin_cached"}) {
+    const std::string_view t(table);
+    if (name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0)
+      return true;
+  }
+  return config.tie_word_embeddings && name == "lm_head.weight";
+}
+
 }  // namespace
 
 ModelWeights bind_weights(const ModelConfig& config, const SafetensorsCheckpoint& checkpoint) {
@@ -24,38 +38,60 @@ ModelWeights bind_weights(const ModelConfig& config, const SafetensorsCheckpoint
   const int64_t kv_dim = config.num_kv_heads * config.head_dim;
   const int64_t ffn = config.intermediate_size;
 
+  std::set<std::string> used;
+  auto take = [&](const std::string& name, const std::vector<int64_t>& shape) -> const TensorView& {
+    used.insert(name);
+    return tensor(checkpoint, name, shape);
+  };
   ModelWeights w;
-  w.embed_tokens = tensor(checkpoint, "model.embed_tokens.weight", {config.vocab_size, hidden});
+  w.embed_tokens = take("model.embed_tokens.weight", {config.vocab_size, hidden});
   w.layers.reserve(config.num_layers);
   for (int64_t i = 0; i < config.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights l;
-    l.input_norm = tensor(checkpoint, p + "input_layernorm.weight", {hidden});
-    l.q_proj = tensor(checkpoint, p + "self_attn.q_proj.weight", {q_dim, hidden});
-    l.k_proj = tensor(checkpoint, p + "self_attn.k_proj.weight", {kv_dim, hidden});
-    l.v_proj = tensor(checkpoint, p + "self_attn.v_proj.weight", {kv_dim, hidden});
+    l.input_norm = take(p + "input_layernorm.weight", {hidden});
+    l.q_proj = take(p + "self_attn.q_proj.weight", {q_dim, hidden});
+    l.k_proj = take(p + "self_attn.k_proj.weight", {kv_dim, hidden});
+    l.v_proj = take(p + "self_attn.v_proj.weight", {kv_dim, hidden});
     if (config.attention_bias) {
-      l.q_bias = tensor(checkpoint, p + "self_attn.q_proj.bias", {q_dim});
-      l.k_bias = tensor(checkpoint, p + "self_attn.k_proj.bias", {kv_dim});
-      l.v_bias = tensor(checkpoint, p + "self_attn.v_proj.bias", {kv_dim});
+      l.q_bias = take(p + "self_attn.q_proj.bias", {q_dim});
+      l.k_bias = take(p + "self_attn.k_proj.bias", {kv_dim});
+      l.v_bias = take(p + "self_attn.v_proj.bias", {kv_dim});
     }
     if (config.qk_norm) {
-      l.q_norm = tensor(checkpoint, p + "self_attn.q_norm.weight", {config.head_dim});
-      l.k_norm = tensor(checkpoint, p + "self_attn.k_norm.weight", {config.head_dim});
+      l.q_norm = take(p + "self_attn.q_norm.weight", {config.head_dim});
+      l.k_norm = take(p + "self_attn.k_norm.weight", {config.head_dim});
     }
-    l.o_proj = tensor(checkpoint, p + "self_attn.o_proj.weight", {hidden, q_dim});
-    l.post_attention_norm = tensor(checkpoint, p + "post_attention_layernorm.weight", {hidden});
-    l.gate_proj = tensor(checkpoint, p + "mlp.gate_proj.weight", {ffn, hidden});
-    l.up_proj = tensor(checkpoint, p + "mlp.up_proj.weight", {ffn, hidden});
-    l.down_proj = tensor(checkpoint, p + "mlp.down_proj.weight", {hidden, ffn});
+    l.o_proj = take(p + "self_attn.o_proj.weight", {hidden, q_dim});
+    l.post_attention_norm = take(p + "post_attention_layernorm.weight", {hidden});
+    l.gate_proj = take(p + "mlp.gate_proj.weight", {ffn, hidden});
+    l.up_proj = take(p + "mlp.up_proj.weight", {ffn, hidden});
+    l.down_proj = take(p + "mlp.down_proj.weight", {hidden, ffn});
     w.layers.push_back(std::move(l));
   }
-  w.final_norm = tensor(checkpoint, "model.norm.weight", {hidden});
+  w.final_norm = take("model.norm.weight", {hidden});
   // Tied checkpoints usually omit lm_head.weight; some still carry a copy.
   if (config.tie_word_embeddings) {
     w.lm_head = w.embed_tokens;
   } else {
-    w.lm_head = tensor(checkpoint, "lm_head.weight", {config.vocab_size, hidden});
+    w.lm_head = take("lm_head.weight", {config.vocab_size, hidden});
+  }
+
+  // What the model would leave unused means config.json does not describe this
+  // checkpoint (a layer more than num_hidden_layers, biases the architecture has none
+  // of): refused, as vLLM refuses it, rather than served without them.
+  std::vector<std::string> unused;
+  for (const auto& [name, view] : checkpoint.tensors()) {
+    if (!used.count(name) && !skippable(name, config)) unused.push_back(name);
+  }
+  if (!unused.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unused.size() && i < 5; ++i)
+      list += (i ? ", '" : "'") + unused[i] + "'";
+    if (unused.size() > 5) list += ", ...";
+    throw ConfigError(checkpoint.description() + ": " + std::to_string(unused.size()) +
+                      (unused.size() == 1 ? " tensor is" : " tensors are") +
+                      " not part of the model config.json describes: " + list);
   }
   return w;
 }

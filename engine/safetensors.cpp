@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 
 #include "engine/config_file.h"
 #include "engine/tokenizer_config.h"
@@ -101,7 +103,7 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::filesystem::path& m
   json index;
   try {
     index = json::parse(read_config_file(index_file));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error; out_of_range for 1e400
     throw ConfigError(origin + ": not valid JSON: " + e.what());
   }
   auto map = index.is_object() ? index.find("weight_map") : index.end();
@@ -172,13 +174,18 @@ void SafetensorsCheckpoint::add_file(const std::filesystem::path& path) {
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_size);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error; out_of_range for 1e400
     throw ConfigError(file + ": header is not valid JSON: " + e.what());
   }
   if (!header.is_object()) throw ConfigError(file + ": header is not a JSON object");
 
   const uint64_t data_start = 8 + header_size;
   const uint64_t data_size = size - data_start;
+  struct Span {
+    uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Span> spans;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const json& entry = it.value();
@@ -241,10 +248,25 @@ void SafetensorsCheckpoint::add_file(const std::filesystem::path& path) {
                         std::to_string(expected));
     }
     view.data = bytes + data_start + begin;
+    if (end > begin) spans.push_back({begin, end, &name});  // an empty one holds no bytes
     if (tensors_.count(name)) {
       throw ConfigError(where + " also appears in " + tensors_[name].file);
     }
     tensors_.emplace(name, std::move(view));
+  }
+  // Tensors over the same bytes would alias each other (the reference library refuses
+  // them too).
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Span& a = spans[i - 1];
+    const Span& b = spans[i];
+    if (b.begin < a.end) {
+      throw ConfigError(file + ": tensors '" + *a.name + "' [" + std::to_string(a.begin) + ", " +
+                        std::to_string(a.end) + "] and '" + *b.name + "' [" +
+                        std::to_string(b.begin) + ", " + std::to_string(b.end) +
+                        "] overlap in the data section");
+    }
   }
   mappings_.push_back(std::move(mapping));
 }

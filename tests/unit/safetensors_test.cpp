@@ -250,6 +250,23 @@ TEST_F(Safetensors, OffsetsOutOfRangeOrInconsistent) {
   EXPECT_THAT(open_error(p), AllOf(HasSubstr("'w'"), HasSubstr("shape")));
   p = raw_file("e.safetensors", R"({"w":{"dtype":"F32","shape":[2]}})", 8);
   EXPECT_THAT(open_error(p), AllOf(HasSubstr("'w'"), HasSubstr("data_offsets")));
+  // Two tensors over the same bytes would alias each other: refused, as the reference
+  // library refuses them. Adjacent ones and an empty one between them are fine.
+  p = raw_file("f.safetensors",
+               R"({"v":{"dtype":"F32","shape":[2],"data_offsets":[4,12]},)"
+               R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+               12);
+  EXPECT_THAT(open_error(p), AllOf(HasSubstr("f.safetensors"), HasSubstr("'v'"), HasSubstr("'w'"),
+                                   HasSubstr("overlap")));
+  p = raw_file("g.safetensors",
+               R"({"v":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
+               R"("e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+               R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+               16);
+  EXPECT_EQ(open_error(p), "");
+  // A number past a double's range is an error that names the file, not a bare one.
+  p = raw_file("h.safetensors", R"({"__metadata__":{"x":1e400}})", 0);
+  EXPECT_THAT(open_error(p), AllOf(HasSubstr("h.safetensors"), HasSubstr("not valid JSON")));
 }
 
 TEST_F(Safetensors, UnsupportedDtypeNamesFileTensorAndDtype) {
@@ -357,6 +374,23 @@ TEST_F(Safetensors, BindWeightsNamesMissingAndMisshapedTensors) {
   config.intermediate_size = 6;
   config.num_layers = 2;
   EXPECT_THAT(bind_error(config), HasSubstr("'model.layers.1.input_layernorm.weight'"));
+
+  // Tensors the model would leave unused mean a config that does not describe the
+  // checkpoint (a layer more, biases a Llama has none of): refused, as vLLM refuses
+  // them, rather than served without. RoPE tables some checkpoints carry and a tied
+  // model's copy of the embeddings are skipped, as vLLM skips them.
+  config.num_layers = 1;
+  add("model.layers.0.self_attn.rotary_emb.inv_freq", {1});
+  add("lm_head.weight", {8, 4});
+  write_safetensors(dir_ / "model.safetensors", tensors);
+  EXPECT_EQ(bind_error(config), "");
+  add("model.layers.1.mlp.up_proj.weight", {6, 4});
+  add("model.layers.0.self_attn.q_proj.bias", {4});
+  write_safetensors(dir_ / "model.safetensors", tensors);
+  EXPECT_THAT(bind_error(config),
+              AllOf(HasSubstr(dir_.string()), HasSubstr("2 tensors"),
+                    HasSubstr("'model.layers.0.self_attn.q_proj.bias'"),
+                    HasSubstr("'model.layers.1.mlp.up_proj.weight'"), HasSubstr("config.json")));
 }
 
 }  // namespace
