@@ -195,9 +195,12 @@ RequestResult send_request(httplib::Client& client, const Target& target, const 
       result.http_status == 0 && raw.empty() && chunks == 0 && !timed_out &&
       Clock::now() < deadline)
     res = client.send(req);
-  result.e2e_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   // A stream that went quiet before the deadline ends only at the read timeout.
-  if (result.e2e_s > o.timeout_s) timed_out = true;
+  if (elapsed > o.timeout_s) timed_out = true;
+  // The latency ends at the last token, as vLLM counts it, not when the server closes
+  // the stream.
+  result.e2e_s = chunks > 0 ? std::chrono::duration<double>(last - start).count() : elapsed;
   if (timed_out) {
     char text[64];
     std::snprintf(text, sizeof text, "timed out after %g s", o.timeout_s);

@@ -121,8 +121,11 @@ TEST(BenchTest, OpenLoopPoissonArrivalsWithoutSharedPrefix) {
 // time.
 class ClosingServer {
  public:
-  // Each completion streams `text_events` events of one token.
-  explicit ClosingServer(int text_events = 4) : text_events_(text_events) {
+  // Each completion streams `text_events` events of one token, then waits `done_delay`
+  // before its usage and [DONE].
+  explicit ClosingServer(int text_events = 4,
+                         std::chrono::milliseconds done_delay = std::chrono::milliseconds(0))
+      : text_events_(text_events), done_delay_(done_delay) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -177,27 +180,42 @@ class ClosingServer {
       std::string events;
       for (int i = 0; i < text_events_; ++i)
         events += "data: {\"choices\":[{\"index\":0,\"text\":\" t\"}]}\n\n";
-      events += "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":" +
-                std::to_string(text_events_) + "}}\n\ndata: [DONE]\n\n";
-      char size[16];
-      std::snprintf(size, sizeof size, "%zx", events.size());
+      const std::string end =
+          "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":" +
+          std::to_string(text_events_) + "}}\n\ndata: [DONE]\n\n";
+      auto chunk = [](const std::string& data) {
+        char size[16];
+        std::snprintf(size, sizeof size, "%zx", data.size());
+        return std::string(size) + "\r\n" + data + "\r\n";
+      };
       out =
           "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-          "Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n" +
-          std::string(size) + "\r\n" + events + "\r\n0\r\n\r\n";
+          "Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n";
+      if (done_delay_.count() > 0) {
+        send_all(c, out + chunk(events));
+        std::this_thread::sleep_for(done_delay_);
+        out = chunk(end) + "0\r\n\r\n";
+      } else {
+        out += chunk(events + end) + "0\r\n\r\n";
+      }
     } else {
       out = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nKeep-Alive: timeout=5\r\n\r\n";
     }
+    send_all(c, out);
+    (void)read(c, buf, sizeof buf);  // the client's next request, or its close
+    close(c);
+  }
+
+  static void send_all(int c, const std::string& out) {
     for (size_t sent = 0; sent < out.size();) {
       const ssize_t n = write(c, out.data() + sent, out.size() - sent);
       if (n <= 0) break;
       sent += n;
     }
-    (void)read(c, buf, sizeof buf);  // the client's next request, or its close
-    close(c);
   }
 
   const int text_events_;
+  const std::chrono::milliseconds done_delay_;
   int fd_ = -1, port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> completions_{0};
@@ -234,6 +252,21 @@ TEST(BenchTest, AStreamWithoutTextFails) {
   EXPECT_EQ(run.report["completed"], 0) << run.report.dump();
   EXPECT_EQ(run.report["failed"], 3);
   EXPECT_TRUE(run.report["errors"].contains("no streamed tokens")) << run.report["errors"].dump();
+}
+
+// A request's latency ends at its last token, as vLLM counts it, not when the server
+// gets round to closing the stream (here 400 ms after the text).
+TEST(BenchTest, LatencyEndsAtTheLastToken) {
+  ClosingServer server(/*text_events=*/4, std::chrono::milliseconds(400));
+  ASSERT_GT(server.port(), 0);
+  const BenchRun run = run_bench(server,
+                                 "--model fake --concurrency 1 --num-requests 2 --input-len 8 "
+                                 "--output-len 4");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_FALSE(run.report.is_discarded()) << run.output;
+  EXPECT_EQ(run.report["completed"], 2) << run.report["errors"].dump();
+  EXPECT_LT(run.report["e2el_ms"]["max"].get<double>(), 300) << run.report["e2el_ms"].dump();
+  EXPECT_LT(run.report["tpot_ms"]["max"].get<double>(), 100) << run.report["tpot_ms"].dump();
 }
 
 TEST(BenchTest, FailedRequestsAreCountedWithTheirErrorAndExitNonZero) {
