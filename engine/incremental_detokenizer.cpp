@@ -281,9 +281,27 @@ struct IncrementalDetokenizer::State {
         ++keep;
       full.resize(full.size() - keep);
     }
+    if (full.compare(0, emitted.size(), emitted) != 0) resync(full);
     if (full.size() > emitted.size() && full.compare(0, emitted.size(), emitted) == 0) {
       out.append(full, emitted.size(), std::string::npos);
       emitted = std::move(full);
+    }
+  }
+
+  // Cleanup rewrote text already emitted (or the prompt's end): " 's" became "'s" when
+  // the s came. What went out stays; `emitted` becomes the part of `full` it stands
+  // for, so that what follows still comes. Cleanup only ever drops a space before
+  // punctuation; anything else, the text from the same length on.
+  void resync(const std::string& full) {
+    size_t common = 0;
+    while (common < emitted.size() && common < full.size() && emitted[common] == full[common])
+      ++common;
+    const std::string_view rest = std::string_view(emitted).substr(common);
+    if (!rest.empty() && rest[0] == ' ' &&
+        std::string_view(full).substr(common, rest.size() - 1) == rest.substr(1)) {
+      emitted = full.substr(0, common + rest.size() - 1);
+    } else if (full.size() >= emitted.size()) {
+      emitted = full.substr(0, emitted.size());
     }
   }
 };

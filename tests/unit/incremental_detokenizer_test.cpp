@@ -256,6 +256,35 @@ TEST(SentencePieceStreaming, ByteFallbackRunsWaitForWholeCharacters) {
   EXPECT_EQ(joined(stream(tok, ids)), tok.decode(ids));
 }
 
+// A decoder the stream cannot follow token by token (a regex Replace) re-decodes the
+// whole text each time. Cleanup there can rewrite text across the prompt's end (" 's"
+// becomes "'s" once the s comes): the output still comes, as the streaming path gives it.
+TEST(SentencePieceStreaming, ReDecodingGoesOnWhenCleanupRewritesThePromptsEnd) {
+  json j = testing::sentencepiece_tokenizer_json(testing::SentencePieceStyle::kLegacy);
+  j["decoder"]["decoders"].push_back(
+      {{"type", "Replace"}, {"pattern", {{"Regex", "x{3}"}}}, {"content", "x"}});
+  const auto dir = testing::fresh_temp_dir("sp_redecode");
+  const Tokenizer tok = Tokenizer::from_file(testing::write_file(dir, "tokenizer.json", j.dump()));
+  const std::vector<TokenId> prompt{271, 259, byte_token_id('\'')};  // "hello '"
+  ASSERT_EQ(tok.decode(prompt, false, true), "hello '");
+  const DetokenizeOptions cleanup{true, true};
+  std::vector<TokenId> all = prompt;
+  for (TokenId id : {byte_token_id('s'), 276, 276})
+    all.push_back(id);
+  ASSERT_EQ(tok.decode(all, false, true), "hello's world world");
+  IncrementalDetokenizer detok(tok, cleanup, prompt);
+  std::string out;
+  for (size_t i = prompt.size(); i < all.size(); ++i)
+    out += detok.add(all[i]);
+  out += detok.finish();
+  EXPECT_EQ(out, "s world world");
+  // Without the rewrite, the plain re-decode.
+  IncrementalDetokenizer plain(tok, cleanup, std::vector<TokenId>{271});
+  std::string plain_out = plain.add(276);
+  plain_out += plain.finish();
+  EXPECT_EQ(plain_out, " world");
+}
+
 TEST(SentencePieceStreaming, BrokenByteRunsGiveOneReplacementPerByte) {
   const Tokenizer tok = sentencepiece();
   // Incomplete character cut by a normal token, as Hugging Face's ByteFallback does it.
