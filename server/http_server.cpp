@@ -11,6 +11,7 @@
 #include <chrono>
 #include <random>
 #include <string_view>
+#include <thread>
 
 #include "engine/chat_template.h"
 #include "engine/engine.h"
@@ -193,6 +194,7 @@ struct HttpServer::Impl {
   ServerMetrics metrics;
   httplib::Server http;
   std::atomic<bool> draining{false};
+  std::atomic<bool> listen_ended{false};
   int64_t created = unix_now();
   // Each token's own bytes, for logprobs (its const token_bytes only).
   engine::IncrementalDetokenizer token_pieces;
@@ -875,11 +877,17 @@ int HttpServer::bind() {
 }
 
 bool HttpServer::serve() {
-  return impl_->http.listen_after_bind() || impl_->draining;
+  const bool listened = impl_->draining || impl_->http.listen_after_bind();
+  impl_->listen_ended = true;
+  return listened || impl_->draining;
 }
 
 void HttpServer::shutdown() {
   impl_->draining = true;
+  // httplib's stop() does nothing until the listener has begun: a signal that came while
+  // the model loaded would leave it listening for good. Wait for it to begin (or end).
+  while (!impl_->http.is_running() && !impl_->listen_ended)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   impl_->http.stop();
 }
 

@@ -1197,6 +1197,39 @@ TEST(ServerProcess, MoreChoicesThanTheQueueHoldsAre400) {
   EXPECT_EQ(stats["finished"]["length"], 3) << stats.dump();
 }
 
+// A signal that comes while the model loads, before the listener runs, still ends the
+// server: stopping a listener that had not begun did nothing, and the process waited in
+// accept() for good, deaf to more signals. Signals at several points of the start.
+TEST(ServerProcess, ASignalWhileTheModelLoadsEndsTheServer) {
+  const std::string model = test::tiny_demo_model().string();
+  int hung = 0;
+  for (int i = 0; i < 24; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const int null = open("/dev/null", O_WRONLY);
+      dup2(null, 1);
+      dup2(null, 2);
+      execl(PAGELLM_BINARY, PAGELLM_BINARY, "serve", "--model", model.c_str(), "--port", "0",
+            "--shutdown-timeout", "1", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * i));
+    kill(pid, SIGTERM);
+    bool ended = false;
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         !ended && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(10ms)) {
+      ended = waitpid(pid, nullptr, WNOHANG) == pid;
+    }
+    if (!ended) {
+      ++hung;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  EXPECT_EQ(hung, 0) << hung << " of 24 servers signalled while starting did not exit";
+}
+
 TEST(ServerProcess, SigtermLetsRequestsInFlightFinishAndExitsZero) {
   ServerProcess server({});
   ASSERT_GT(server.port(), 0) << server.log();
