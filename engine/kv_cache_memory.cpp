@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -71,6 +72,15 @@ KVPoolPlan plan_kv_pool(const ModelConfig& config, kernels::DType dtype,
                                  : "--kv-cache-bytes " + std::to_string(*bytes) +
                                        " holds no KV block: one block takes " +
                                        std::to_string(plan.bytes_per_block) + " bytes");
+  }
+  // Block ids are int32 (the page tables, the kernels).
+  if (constexpr int64_t kMaxBlocks = std::numeric_limits<int32_t>::max();
+      plan.num_blocks > kMaxBlocks) {
+    throw ConfigError((num_blocks ? "--num-kv-blocks " + std::to_string(*num_blocks)
+                                  : "--kv-cache-bytes " + std::to_string(*bytes) + " holds " +
+                                        std::to_string(plan.num_blocks) + " KV blocks of " +
+                                        std::to_string(plan.bytes_per_block) + " bytes") +
+                      "; at most " + std::to_string(kMaxBlocks) + " blocks are supported");
   }
   plan.total_bytes = plan.num_blocks * plan.bytes_per_block;
   plan.capacity_tokens = plan.num_blocks * kernels::cpu::kBlockSize;

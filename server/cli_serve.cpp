@@ -157,6 +157,9 @@ std::map<std::string, std::string> read_config(const std::string& path) {
 ServeOptions parse_options(const ArgReader& reader) {
   std::map<std::string, std::string> values;
   if (auto config = reader.option("--config")) values = read_config(*config);
+  // The two ways to size the KV pool are one option: a flag replaces the file's other.
+  if (reader.option("--num-kv-blocks")) values.erase("--kv-cache-bytes");
+  if (reader.option("--kv-cache-bytes")) values.erase("--num-kv-blocks");
   for (const std::string& name : kOptions) {
     if (auto v = reader.option(name)) values[name] = *v;
   }

@@ -947,6 +947,20 @@ TEST(ServerProcess, ConfigFileSetsOptionsAndFlagsOverrideIt) {
     EXPECT_EQ(refused.port(), 0) << bad;
     EXPECT_EQ(refused.start_exit_code(), 2) << bad << refused.log();
   }
+  // The two ways to size the KV pool are one option: a flag replaces the file's other one.
+  std::ofstream(config) << R"({"num-kv-blocks": 100})";
+  test::ServerProcess kv_by_flag({"--config", config.string(), "--kv-cache-bytes", "4000000"});
+  std::filesystem::remove(config);
+  ASSERT_GT(kv_by_flag.port(), 0) << kv_by_flag.log();
+  httplib::Client kv_client = kv_by_flag.client();
+  EXPECT_NE(json::parse(kv_client.Get("/v1/models")->body)["data"][0]["kv_cache_blocks"], 100);
+  // A byte count past 2^31 - 1 blocks is refused with its flag, not wrapped round.
+  test::ServerProcess oversized({"--kv-cache-bytes", "9223372036854775807"});
+  EXPECT_EQ(oversized.port(), 0);
+  EXPECT_NE(oversized.log().find("--kv-cache-bytes 9223372036854775807"), std::string::npos)
+      << oversized.log();
+  EXPECT_NE(oversized.log().find("at most 2147483647"), std::string::npos) << oversized.log();
+
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client client = server.client(false);
   auto res = client.Get("/v1/models");
