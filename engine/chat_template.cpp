@@ -67,8 +67,14 @@ namespace {
 std::string read_text_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ChatTemplateError(path.string() + ": cannot open chat template file");
+  // A folder opens as a stream and reads as nothing.
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) {
+    throw ChatTemplateError(path.string() + ": cannot read chat template file (a folder)");
+  }
   std::ostringstream text;
   text << in.rdbuf();
+  if (in.bad()) throw ChatTemplateError(path.string() + ": cannot read chat template file");
   return text.str();
 }
 
