@@ -168,10 +168,17 @@ ServeOptions parse_options(const ArgReader& reader) {
     if (it == values.end()) return std::nullopt;
     return it->second;
   };
+  // An empty value (an unset variable in a script) is not "unset": --model '' would
+  // serve the random demo model.
+  auto text = [&](const char* name) -> std::optional<std::string> {
+    auto v = get(name);
+    if (v && v->empty()) throw UsageError(std::string(name) + " must not be empty");
+    return v;
+  };
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
   ServeOptions o;
-  if (auto v = get("--model")) o.model = *v;
-  if (auto v = get("--host")) o.host = *v;
+  if (auto v = text("--model")) o.model = *v;
+  if (auto v = text("--host")) o.host = *v;
   if (auto v = get("--port")) o.port = static_cast<int>(integer_in("--port", *v, 0, 65535));
   if (auto v = get("--backend")) o.backend = *v;
   if (auto v = get("--cpu-matmul")) {
@@ -212,8 +219,8 @@ ServeOptions parse_options(const ArgReader& reader) {
   } else if (const char* env = std::getenv("PAGELLM_API_KEY"); env != nullptr) {
     o.api_key = env;  // keeps the key out of the process list
   }
-  if (auto v = get("--served-model-name")) o.served_model_name = *v;
-  if (auto v = get("--chat-template")) o.chat_template = *v;
+  if (auto v = text("--served-model-name")) o.served_model_name = *v;
+  if (auto v = text("--chat-template")) o.chat_template = *v;
   if (auto v = get("--generation-config")) {
     if (*v != "auto" && *v != "none") {
       throw UsageError("--generation-config must be auto or none, not '" + *v + "'");
@@ -421,7 +428,10 @@ int run_serve(Args args) {
     }
     spdlog::info("serving '{}'", http_options.served_model_name);
     // On stdout whatever the log level: scripts and tests read the bound port here.
-    std::printf("pagellm: listening on http://%s:%d\n", o.host.c_str(), port);
+    // An IPv6 address goes in brackets, so that the line is a URL a client can use.
+    const bool ipv6 = o.host.find(':') != std::string::npos;
+    std::printf("pagellm: listening on http://%s%s%s:%d\n", ipv6 ? "[" : "", o.host.c_str(),
+                ipv6 ? "]" : "", port);
     std::fflush(stdout);
   } catch (const std::exception& e) {
     spdlog::error("pagellm serve: {}", e.what());

@@ -1355,8 +1355,14 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
   for (const char* args : {"--backend tpu", "--port x", "--config /nonexistent.json",
                            "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
                            "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x",
-                           "--generation-config vllm", "--max-waiting 0", "--cpu-matmul avx"}) {
-    const std::string bad = std::string("'") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
+                           "--generation-config vllm", "--max-waiting 0", "--cpu-matmul avx",
+                           // An empty value (an unset variable in a script) is not "unset":
+                           // --model '' served the random demo model.
+                           "--model ''", "--host ''", "--served-model-name ''",
+                           "--chat-template ''"}) {
+    // Bounded: a server that took the options would serve on.
+    const std::string bad =
+        std::string("timeout 60 '") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
     const int status = std::system(bad.c_str());
     EXPECT_EQ(WEXITSTATUS(status), 2) << args;
   }
@@ -1374,6 +1380,45 @@ std::pair<int, std::string> serve_until_exit(
   std::string text = test::read_text_file(log);
   std::filesystem::remove(log);
   return {WEXITSTATUS(status), std::move(text)};
+}
+
+// The address line is a URL a client can use: an IPv6 host in brackets.
+TEST(ServeCli, AnIpv6HostIsPrintedInBrackets) {
+  const std::string out =
+      std::filesystem::temp_directory_path() / ("pagellm_serve_ipv6_" + std::to_string(getpid()));
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
+    dup2(open("/dev/null", O_WRONLY), 2);
+    execl(PAGELLM_BINARY, PAGELLM_BINARY, "serve", "--model", test::tiny_demo_model().c_str(),
+          "--port", "0", "--host", "::1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string text;
+  int status = 0;
+  bool exited = false;
+  for (auto deadline = std::chrono::steady_clock::now() + 30s;
+       std::chrono::steady_clock::now() < deadline && text.find('\n') == std::string::npos;
+       std::this_thread::sleep_for(20ms)) {
+    text = test::read_text_file(out);
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      exited = true;
+      break;
+    }
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  std::filesystem::remove(out);
+  if (exited && text.find("listening") == std::string::npos) {
+    GTEST_SKIP() << "no IPv6 loopback here";
+  }
+  const std::regex url(R"(listening on http://\[::1\]:(\d+)\n)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, url)) << text;
+  EXPECT_GT(std::stoi(m[1]), 0);
 }
 
 // The start-up log counts full-context sequences in --max-model-len, and a KV budget too
