@@ -451,7 +451,15 @@ int run_serve(Args args) {
     const auto limit = std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout * 1000));
     // A second signal, or the time limit, cuts the wait short.
     wait_for_signal(stopped, limit);
-    if (!stopped) spdlog::warn("aborting the requests still in flight");
+    if (!stopped) {
+      // Idle kept-alive connections hold the listener too, until their read times out.
+      const engine::EngineStats stats = engine->stats();
+      if (stats.num_running + stats.num_waiting > 0) {
+        spdlog::warn("aborting the requests still in flight");
+      } else {
+        spdlog::info("no request in flight; waiting for open connections to close");
+      }
+    }
   }
   engine->stop();  // aborts what is left, so that their handlers return
   listener.join();

@@ -1288,6 +1288,26 @@ TEST(ServerProcess, ShutdownTimeoutAbortsWhatIsLeft) {
   EXPECT_EQ(status, 503);
 }
 
+// A client that holds a kept-alive connection open without a request keeps the
+// listener's thread until its read times out; the log says so, and does not claim to
+// abort requests when none is in flight.
+TEST(ServerProcess, AnIdleConnectionAtShutdownIsNotARequestAborted) {
+  ServerProcess server({"--shutdown-timeout", "0"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  std::this_thread::sleep_for(100ms);  // accepted, waiting for a request
+  EXPECT_EQ(server.stop(SIGTERM, 30s), 0) << server.log();
+  close(idle);
+  const std::string log = server.log();
+  EXPECT_EQ(log.find("aborting the requests still in flight"), std::string::npos) << log;
+  EXPECT_NE(log.find("no request in flight"), std::string::npos) << log;
+}
+
 // stdout carries the bound address alone, for scripts; the log goes to stderr.
 TEST(ServeCli, TheLogGoesToStderrAndTheAddressToStdout) {
   const auto dir = std::filesystem::temp_directory_path() /
