@@ -535,6 +535,12 @@ struct HttpServer::Impl {
   void generate(const CompletionRequest& r, const httplib::Request& req, httplib::Response& res,
                 const std::shared_ptr<AccessLog>& log) {
     require_model(r.model);
+    if (r.priority != 0 &&
+        engine.config().scheduler.policy != scheduler::SchedulingPolicy::kPriority) {
+      // vLLM refuses it too: first come, first served has no use for it.
+      throw ApiException(invalid_request(
+          "'priority' needs the server to run with --scheduling-policy priority", "priority"));
+    }
     if (draining) throw ApiException(error_for_status(503, "the server is shutting down"));
     const auto prompts = prompt_tokens(r);
     // A prompt that fills the context is at fault whatever max_tokens asks for; checked

@@ -310,14 +310,15 @@ TEST_F(Server, ChatStreamingAndWholeGiveTheSameGreedyText) {
 // choice carries that choice's usage so far; the last chunk still sums them all.
 TEST_F(Server, ContinuousUsageStatsGiveEachChunkItsChoicesCountsSoFar) {
   const int64_t prompt_tokens = post_json(*client_, "/tokenize", chat("Count along"))["count"];
-  json body = chat("Count along", {{"max_tokens", 9},
-                                   {"n", 2},
-                                   {"temperature", 1.0},
-                                   {"seed", 3},
-                                   {"ignore_eos", true},
-                                   {"stream", true},
-                                   {"stream_options",
-                                    {{"include_usage", true}, {"continuous_usage_stats", true}}}});
+  json body =
+      chat("Count along",
+           {{"max_tokens", 9},
+            {"n", 2},
+            {"temperature", 1.0},
+            {"seed", 3},
+            {"ignore_eos", true},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}});
   const Sse sse = post_stream(*client_, "/v1/chat/completions", body);
   ASSERT_TRUE(sse.done);
   ASSERT_GE(sse.events.size(), 5u);  // two role chunks, text, two ends, the sum
@@ -588,6 +589,14 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
   ASSERT_EQ(client_->Get("/health")->status, 200);
   const json model = expect_error(*client_, chat_path, chat("x", {{"model", "gpt-9"}}).dump(), 404);
   EXPECT_EQ(model["code"], "model_not_found");
+  // A priority means nothing to first-come-first-served scheduling: refused, as vLLM
+  // refuses it, rather than ignored; 0 is the default and fine.
+  EXPECT_EQ(expect_error(*client_, chat_path, chat("x", {{"priority", 3}}).dump(), 400)["param"],
+            "priority");
+  EXPECT_EQ(
+      post_json(*client_, chat_path, chat("x", {{"priority", 0}, {"max_tokens", 1}}))["choices"]
+          .size(),
+      1u);
   // The tokenizer's routes check the model too.
   EXPECT_EQ(expect_error(*client_, "/tokenize", json({{"prompt", "x"}, {"model", "gpt-9"}}).dump(),
                          404)["code"],
@@ -1372,14 +1381,14 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
                            "--cpu-matmul"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
-  for (const char* args : {"--backend tpu", "--port x", "--config /nonexistent.json",
-                           "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
-                           "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x",
-                           "--generation-config vllm", "--max-waiting 0", "--cpu-matmul avx",
-                           // An empty value (an unset variable in a script) is not "unset":
-                           // --model '' served the random demo model.
-                           "--model ''", "--host ''", "--served-model-name ''",
-                           "--chat-template ''"}) {
+  for (const char* args :
+       {"--backend tpu", "--port x", "--config /nonexistent.json",
+        "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
+        "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x", "--generation-config vllm",
+        "--max-waiting 0", "--cpu-matmul avx",
+        // An empty value (an unset variable in a script) is not "unset":
+        // --model '' served the random demo model.
+        "--model ''", "--host ''", "--served-model-name ''", "--chat-template ''"}) {
     // Bounded: a server that took the options would serve on.
     const std::string bad =
         std::string("timeout 60 '") + PAGELLM_BINARY + "' serve " + args + " 2>/dev/null";
