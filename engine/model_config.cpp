@@ -359,8 +359,8 @@ constexpr int64_t kMaxCount = int64_t{1} << 16;
 void check_size(const FieldReader& fields, const char* key, int64_t value, int64_t max) {
   check_positive(fields, key, value);
   if (value > max) {
-    fields.fail(key, "is " + std::to_string(value) + "; at most " + std::to_string(max) +
-                         " is supported");
+    fields.fail(
+        key, "is " + std::to_string(value) + "; at most " + std::to_string(max) + " is supported");
   }
 }
 
@@ -465,8 +465,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   read_rope(fields, origin, out);
   if (out.rope_scaling && out.rope_scaling->type == RopeScaling::Type::kYarn &&
       !(out.rope_theta > 1)) {
-    fields.fail("rope_theta", "must be above 1 with yarn RoPE scaling, whose correction "
-                              "divides by log(rope_theta)");
+    fields.fail("rope_theta",
+                "must be above 1 with yarn RoPE scaling, whose correction "
+                "divides by log(rope_theta)");
   }
   const int64_t default_max_positions = out.architecture == Architecture::kLlama     ? 2048
                                         : out.architecture == Architecture::kMistral ? 4096 * 32
@@ -479,10 +480,11 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   }
   if (const double context = scaled_context(out); !(context >= 1 && context <= kMaxSize)) {
     char text[160];
-    std::snprintf(text, sizeof text,
-                  "with the RoPE scaling factor %g, gives a context of %g tokens, outside [1, %lld]",
-                  out.rope_scaling ? out.rope_scaling->factor : 1.0, context,
-                  static_cast<long long>(kMaxSize));
+    std::snprintf(
+        text, sizeof text,
+        "with the RoPE scaling factor %g, gives a context of %g tokens, outside [1, %lld]",
+        out.rope_scaling ? out.rope_scaling->factor : 1.0, context,
+        static_cast<long long>(kMaxSize));
     fields.fail("max_position_embeddings", text);
   }
 

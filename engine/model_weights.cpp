@@ -21,8 +21,8 @@ const TensorView& tensor(const SafetensorsCheckpoint& checkpoint, const std::str
 // Tensors a checkpoint may carry that the model has no use for, as vLLM skips them:
 // precomputed RoPE tables, and a tied model's copy of its embeddings.
 bool skippable(const std::string& name, const ModelConfig& config) {
-  for (const char* table : {".rotary_emb.inv_freq", ".rotary_emb.cos_cached",
-                            ".rotary_emb.sin_cached"}) {
+  for (const char* table :
+       {".rotary_emb.inv_freq", ".rotary_emb.cos_cached", ".rotary_emb.sin_cached"}) {
     const std::string_view t(table);
     if (name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0)
       return true;

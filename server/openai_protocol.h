@@ -59,7 +59,7 @@ struct CompletionRequest {
   // Completions: one or more prompts.
   std::vector<PromptInput> prompts;
   scheduler::SamplingParams params;
-  bool max_tokens_set = false;  // unset (chat): the rest of the context window
+  bool max_tokens_set = false;                  // unset (chat): the rest of the context window
   std::string max_tokens_param = "max_tokens";  // or max_completion_tokens, as sent
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

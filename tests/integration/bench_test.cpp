@@ -360,9 +360,9 @@ TEST(BenchTest, UsageErrorsExitTwo) {
   // Integers past an int are refused, not wrapped (4294967296 requests would be 0).
   for (const char* flag : {"--num-requests 4294967296", "--concurrency 4294967297",
                            "--output-len 4294967298", "--warmup 2147483648"}) {
-    EXPECT_EQ(test::run_command(std::string(PAGELLM_BINARY) +
-                                    " bench --url http://127.0.0.1:1 --model m " + flag,
-                                output),
+    EXPECT_EQ(test::run_command(
+                  std::string(PAGELLM_BINARY) + " bench --url http://127.0.0.1:1 --model m " + flag,
+                  output),
               2)
         << flag << ": " << output;
   }

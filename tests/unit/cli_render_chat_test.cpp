@@ -139,9 +139,9 @@ TEST_F(RenderChatCli, UnsupportedConstructInOverrideNamesFileAndLine) {
 // A folder for the template opens as a stream but reads nothing: an error, not an empty
 // template that renders every chat as "".
 TEST_F(RenderChatCli, AFolderForTheTemplateIsAnError) {
-  const CliResult r = render_chat(
-      "--model '" + dir_.string() + "' --chat-template '" + dir_.string() + "'",
-      "{\"messages\": []}\n");
+  const CliResult r =
+      render_chat("--model '" + dir_.string() + "' --chat-template '" + dir_.string() + "'",
+                  "{\"messages\": []}\n");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(r.out_lines.empty());
   EXPECT_NE(r.err.find("cannot read chat template file"), std::string::npos) << r.err;

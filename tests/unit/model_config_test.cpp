@@ -442,9 +442,9 @@ TEST(ModelConfig, ErrorsNameTheFileAndTheField) {
 // Sizes and numbers no model has are refused with their field, before anything is
 // allocated for them or computed from them.
 TEST(ModelConfig, ImplausibleSizesAndNumbersAreRefused) {
-  EXPECT_THAT(error_of(edited(kTinyLlama, "num_hidden_layers", int64_t{1} << 50)),
-              AllOf(HasSubstr("test/config.json"), HasSubstr("'num_hidden_layers'"),
-                    HasSubstr("at most")));
+  EXPECT_THAT(
+      error_of(edited(kTinyLlama, "num_hidden_layers", int64_t{1} << 50)),
+      AllOf(HasSubstr("test/config.json"), HasSubstr("'num_hidden_layers'"), HasSubstr("at most")));
   EXPECT_THAT(error_of(edited(kTinyLlama, "vocab_size", int64_t{1} << 40)),
               AllOf(HasSubstr("'vocab_size'"), HasSubstr("at most")));
   // Head counts whose products would wrap around to the real shapes.
@@ -452,7 +452,8 @@ TEST(ModelConfig, ImplausibleSizesAndNumbersAreRefused) {
   wrap["num_attention_heads"] = (int64_t{1} << 62) + 4;
   wrap["num_key_value_heads"] = (int64_t{1} << 61) + 2;
   wrap["head_dim"] = 64;
-  EXPECT_THAT(error_of(wrap.dump()), AllOf(HasSubstr("'num_attention_heads'"), HasSubstr("at most")));
+  EXPECT_THAT(error_of(wrap.dump()),
+              AllOf(HasSubstr("'num_attention_heads'"), HasSubstr("at most")));
   json wide = json::parse(kTinyLlama);
   wide["num_attention_heads"] = 65536;
   wide["num_key_value_heads"] = 65536;

@@ -70,8 +70,8 @@ TEST(OpenAIProtocol, ParsesChatSamplingParameters) {
   EXPECT_FALSE(r.continuous_usage);
   // continuous_usage_stats counts only with include_usage, as in vLLM.
   auto continuous = [](const char* options) {
-    return parse_chat_request(chat_with(std::string(R"("stream": true, "stream_options": )") +
-                                        options))
+    return parse_chat_request(
+               chat_with(std::string(R"("stream": true, "stream_options": )") + options))
         .continuous_usage;
   };
   EXPECT_TRUE(continuous(R"({"include_usage": true, "continuous_usage_stats": true})"));
@@ -174,16 +174,26 @@ TEST(OpenAIProtocol, MinTokensAndKeepingTheStopString) {
 // Options that would change the output in ways this server does not do are refused, not
 // ignored; their neutral values are accepted.
 TEST(OpenAIProtocol, RefusesOptionsItDoesNotHonour) {
-  for (const char* field :
-       {R"("prompt_logprobs": 1)", R"("guided_json": {"type": "object"})",
-        R"("guided_regex": "a+")", R"("guided_choice": ["a"])", R"("guided_grammar": "g")",
-        R"("use_beam_search": true)", R"("length_penalty": 0.5)", R"("truncate_prompt_tokens": 4)",
-        R"("modalities": ["text", "audio"])", R"("audio": {"voice": "x"})",
-        R"("allowed_token_ids": [1, 2])", R"("bad_words": ["x"])",
-        R"("functions": [{"name": "f"}])", R"("function_call": "auto")",
-        R"("return_tokens_as_token_ids": true)", R"("continue_final_message": true)",
-        R"("chat_template": "{{ 1 }}")", R"("echo": true)", R"("structured_outputs": {})",
-        R"("prompt_embeds": "AAAA")"}) {
+  for (const char* field : {R"("prompt_logprobs": 1)",
+                            R"("guided_json": {"type": "object"})",
+                            R"("guided_regex": "a+")",
+                            R"("guided_choice": ["a"])",
+                            R"("guided_grammar": "g")",
+                            R"("use_beam_search": true)",
+                            R"("length_penalty": 0.5)",
+                            R"("truncate_prompt_tokens": 4)",
+                            R"("modalities": ["text", "audio"])",
+                            R"("audio": {"voice": "x"})",
+                            R"("allowed_token_ids": [1, 2])",
+                            R"("bad_words": ["x"])",
+                            R"("functions": [{"name": "f"}])",
+                            R"("function_call": "auto")",
+                            R"("return_tokens_as_token_ids": true)",
+                            R"("continue_final_message": true)",
+                            R"("chat_template": "{{ 1 }}")",
+                            R"("echo": true)",
+                            R"("structured_outputs": {})",
+                            R"("prompt_embeds": "AAAA")"}) {
     const ApiError e = chat_error(chat_with(field));
     EXPECT_EQ(e.status, 400) << field;
     EXPECT_NE(e.message.find("not supported"), std::string::npos) << field << ": " << e.message;
@@ -497,8 +507,8 @@ TEST(OpenAIProtocol, StreamChunks) {
   // With continuous usage: the choice's counts so far.
   const UsageResult so_far{4, 1, 0};
   const json counted = json::parse(stream_chunk(true, meta, text, false, &so_far));
-  EXPECT_EQ(counted["usage"], json({{"prompt_tokens", 4}, {"completion_tokens", 1},
-                                    {"total_tokens", 5}}));
+  EXPECT_EQ(counted["usage"],
+            json({{"prompt_tokens", 4}, {"completion_tokens", 1}, {"total_tokens", 5}}));
 }
 
 TEST(OpenAIProtocol, TokenizeAndDetokenizeBodies) {

@@ -151,8 +151,8 @@ void simulate(const SimConfig& c) {
     for (const Sequence* a : admitted) {
       for (const Sequence* w : still_waiting) {
         ASSERT_FALSE(before(*w, *a)) << "request " << a->id << " (" << a->num_preemptions
-                                     << " preemptions) went ahead of waiting request "
-                                     << w->id << " (" << w->num_preemptions << ")";
+                                     << " preemptions) went ahead of waiting request " << w->id
+                                     << " (" << w->num_preemptions << ")";
       }
     }
     // The promises of one step.
