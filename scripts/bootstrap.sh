@@ -3,6 +3,8 @@
 # Safe to run again: when everything is present it does nothing.
 set -euo pipefail
 
+# What building the server needs (`scripts/bootstrap.sh --build-only`, as the container
+# images do), then what the tests and benchmarks need on top.
 packages=(
   cmake ninja-build g++ make pkg-config
   libxxhash-dev          # prefix-cache block hashes
@@ -11,13 +13,19 @@ packages=(
   nlohmann-json3-dev     # JSON: tokenizer.json, configs, the OpenAI protocol
   libcpp-httplib-dev     # HTTP server and client
   libspdlog-dev libfmt-dev
-  libopenblas-dev        # CPU matmuls
+)
+test_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsimde-dev           # the CPU kernel tests of the AVX-512 forms, on machines without it
   prometheus             # promtool checks the /metrics page in the tests
   chromium               # headless browser for the /dashboard test
   python3-numpy          # the lane-level simulation of the tensor-core decode kernel
 )
+case "${1:-}" in
+  --build-only) ;;
+  "") packages+=("${test_packages[@]}") ;;
+  *) echo "usage: scripts/bootstrap.sh [--build-only]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
