@@ -5,10 +5,15 @@
 #   or comes with the debian:bookworm-slim base;
 # - docker/Dockerfile.cuda's CUDA release is the one BINARY was built with;
 # - the files docker/compose.yaml names exist, and Prometheus accepts docker/prometheus.yml.
-# Usage: check_images.sh BINARY REPO_ROOT. Exits 77 (skipped) off Debian.
+# Usage: check_images.sh BINARY REPO_ROOT. Exits 77 (skipped) off Debian 12, whose
+# package names the images use.
 set -euo pipefail
 binary=$1 root=$2
-command -v dpkg-query >/dev/null || { echo "no dpkg: not a Debian machine"; exit 77; }
+codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+if [[ $codename != bookworm ]] || ! command -v dpkg-query >/dev/null; then
+  echo "not Debian 12 (bookworm), the images' base: skipped"
+  exit 77
+fi
 status=0
 fail() {
   echo "FAIL: $*"
@@ -21,7 +26,7 @@ runtime_packages() {
   local file=$1 release
   release=$(sed -n 's/^ARG CUDA_RELEASE=//p' "$file")
   awk '/^FROM /{stage = ""} {stage = stage $0 "\n"} END {printf "%s", stage}' "$file" |
-    sed -n '/apt-get install/,/rm -rf/p' | sed "s/\${CUDA_RELEASE}/$release/g" | tr ' \\' '\n\n' |
+    sed -n '/apt-get install/,/rm -rf/p' | sed "s/\${CUDA_RELEASE}/$release/g" | tr -s ' \t\\' '\n' |
     grep -E '^[a-z0-9][a-z0-9.+-]+$' | grep -vxE 'apt-get|install|rm' | sort -u
 }
 
@@ -50,12 +55,14 @@ cuda_release=$(sed -n 's/^ARG CUDA_RELEASE=//p' "$root/docker/Dockerfile.cuda")
 cpu_packages=$(runtime_packages "$root/docker/Dockerfile")
 cuda_packages=$(runtime_packages "$root/docker/Dockerfile.cuda")
 
-libraries=$(ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
+links=$(ldd "$binary")
+if grep "not found" <<<"$links"; then fail "$binary links libraries this machine lacks"; fi
+libraries=$(awk '$2 == "=>" && $3 ~ /^\// {print $3}' <<<"$links")
 [[ -n $libraries ]] || fail "ldd found no libraries in $binary"
 for lib in $libraries; do
   package=$(package_of "$lib" "$cuda_release")
   echo "$(basename "$lib") -> $package"
-  grep -qw -- "$package" <<<"$base_image" && continue
+  [[ " $base_image " == *" $package "* ]] && continue
   if ! grep -qx -- "$package" <<<"$cuda_packages"; then
     fail "docker/Dockerfile.cuda does not install $package ($lib)"
   fi
