@@ -1,5 +1,6 @@
 // Tokenizer speed: loading Llama 3's tokenizer.json, and encoding 100 KB of English
-// (the license texts in /usr/share/common-licenses), with a warm and a cold word cache.
+// (the license texts in /usr/share/common-licenses), with a warm and a cold word cache;
+// and Qwen3's NFC on long runs of combining marks.
 // The tokenizer files come from $PAGELLM_TEST_DATA or the shared data folder.
 
 #include <benchmark/benchmark.h>
@@ -133,6 +134,23 @@ void BM_IncrementalDetokenize(benchmark::State& state, const std::string& model)
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ids.size()));
 }
 
+// A letter and a run of 2 x N combining marks in the reverse of their canonical order
+// (N acutes, then N dots below): what NFC (Qwen3's normalizer) must reorder.
+void BM_EncodeCombiningMarks(benchmark::State& state, const std::string& model) {
+  if (!have_model(state, model)) return;
+  const Tokenizer& tokenizer = shared_tokenizer(model);
+  std::string text = "a";
+  for (int64_t i = 0; i < state.range(0); ++i)
+    text += "\u0301";
+  for (int64_t i = 0; i < state.range(0); ++i)
+    text += "\u0323";
+  for (auto _ : state) {
+    auto ids = tokenizer.encode(text);
+    benchmark::DoNotOptimize(ids.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
+}
+
 BENCHMARK_CAPTURE(BM_Load, llama3, std::string("llama3"))
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
@@ -147,6 +165,11 @@ BENCHMARK_CAPTURE(BM_Encode100KBColdCache, llama3, std::string("llama3"))
 BENCHMARK_CAPTURE(BM_Decode100KB, llama3, std::string("llama3"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_IncrementalDetokenize, llama3, std::string("llama3"))
     ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_EncodeCombiningMarks, qwen3, std::string("qwen3"))
+    ->Unit(benchmark::kMillisecond)
+    ->Arg(1000)
+    ->Arg(4000)
+    ->Arg(16000);
 
 }  // namespace
 
