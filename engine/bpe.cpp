@@ -73,7 +73,6 @@ void MergeMap::insert(TokenId left, TokenId right, Merge merge) {
   size_t i = hash(key);
   while (slots_[i].key != kEmpty && slots_[i].key != key)
     i = (i + 1) & mask_;
-  if (slots_[i].key == key) return;
   slots_[i] = Slot{key, merge};
 }
 

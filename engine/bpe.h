@@ -50,7 +50,8 @@ class MergeMap {
     TokenId id;
   };
   void reserve(size_t n);
-  void insert(TokenId left, TokenId right, Merge merge);  // keeps the first (best) rank
+  // A pair inserted again takes the later merge, as Hugging Face's map of merges does.
+  void insert(TokenId left, TokenId right, Merge merge);
   void prefetch(TokenId left, TokenId right) const {
     __builtin_prefetch(&slots_[hash(pack(left, right))]);
   }

@@ -206,6 +206,21 @@ TEST(SentencePieceTokenizer, LegacyNormalizerEncodesWithMergesAndByteFallback) {
   EXPECT_EQ(tok.encode("<s>hello"), (std::vector<TokenId>{1, 271}));
 }
 
+// A merge listed twice takes the rank of its last listing, as in Hugging Face's
+// tokenizers, which collect the merges into a map: "a b" (rank 1) then goes before
+// "b c" (rank 2), and "abc" is ab c, not a bc.
+TEST(BpeTokenizer, AMergeListedTwiceTakesItsLastRank) {
+  const nlohmann::json spec = {{"model",
+                                {{"type", "BPE"},
+                                 {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}}},
+                                 {"merges", {"b c", "a b", "b c"}}}}};
+  const auto dir = testing::fresh_temp_dir("bpe_duplicate_merge");
+  const Tokenizer tok =
+      Tokenizer::from_file(testing::write_file(dir, "tokenizer.json", spec.dump()));
+  EXPECT_EQ(tok.encode("abc"), (std::vector<TokenId>{3, 2}));
+  EXPECT_EQ(tok.encode("bc"), (std::vector<TokenId>{4}));
+}
+
 TEST(SentencePieceTokenizer, MetaspacePrependsOnlyAtTheStartOfTheInput) {
   const Tokenizer tok = load_sentencepiece(testing::SentencePieceStyle::kMetaspace);
   EXPECT_EQ(tok.encode("hello world"), (std::vector<TokenId>{271, 276}));
