@@ -69,8 +69,30 @@ Value py_split(const std::string& s, const Value& sep, const Value& maxsplit_val
 
 Value py_rsplit(const std::string& s, const Value& sep, const Value& maxsplit_value, int line) {
   int64_t maxsplit = maxsplit_value.is_number() ? maxsplit_value.as_int() : -1;
-  if (maxsplit < 0 || sep.is_undefined() || sep.is_none())
-    return py_split(s, sep, maxsplit_value, line);
+  if (maxsplit < 0) return py_split(s, sep, maxsplit_value, line);
+  if (sep.is_undefined() || sep.is_none()) {
+    // Runs of whitespace from the right; what is left past maxsplit keeps its left side.
+    const std::u32string u = utf8_decode(s);
+    ValueList parts;
+    size_t j = u.size();
+    while (true) {
+      while (j > 0 && is_python_space(u[j - 1]))
+        --j;
+      if (j == 0) break;
+      if (maxsplit == 0) {
+        parts.emplace_back(u32_slice(u, 0, j));
+        break;
+      }
+      size_t i = j;
+      while (i > 0 && !is_python_space(u[i - 1]))
+        --i;
+      parts.emplace_back(u32_slice(u, i, j));
+      --maxsplit;
+      j = i;
+    }
+    std::reverse(parts.begin(), parts.end());
+    return Value::list(std::move(parts));
+  }
   const std::string separator = require_string(sep, "rsplit", line);
   if (separator.empty()) fail("rsplit: empty separator", line);
   ValueList parts;
@@ -144,16 +166,22 @@ Value string_method(const std::string& s, const std::string& name, CallArgs& a) 
   if (name == "split") return py_split(s, a.get(0, "sep"), a.get(1, "maxsplit"), line);
   if (name == "rsplit") return py_rsplit(s, a.get(0, "sep"), a.get(1, "maxsplit"), line);
   if (name == "splitlines") {
+    // Python's line boundaries: \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029.
+    const auto boundary = [](char32_t c) {
+      return c == U'\n' || c == U'\r' || c == U'\v' || c == U'\f' || (c >= 0x1C && c <= 0x1E) ||
+             c == 0x85 || c == 0x2028 || c == 0x2029;
+    };
+    const std::u32string u = utf8_decode(s);
     ValueList lines;
     size_t start = 0;
-    for (size_t i = 0; i < s.size(); ++i) {
-      if (s[i] == '\n' || s[i] == '\r') {
-        lines.emplace_back(s.substr(start, i - start));
-        if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
+    for (size_t i = 0; i < u.size(); ++i) {
+      if (boundary(u[i])) {
+        lines.emplace_back(u32_slice(u, start, i));
+        if (u[i] == U'\r' && i + 1 < u.size() && u[i + 1] == U'\n') ++i;
         start = i + 1;
       }
     }
-    if (start < s.size()) lines.emplace_back(s.substr(start));
+    if (start < u.size()) lines.emplace_back(u32_slice(u, start, u.size()));
     return Value::list(std::move(lines));
   }
   if (name == "replace") {
@@ -167,13 +195,31 @@ Value string_method(const std::string& s, const std::string& name, CallArgs& a) 
   if (name == "title") return str_title(s);
   if (name == "capitalize") return str_capitalize(s);
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
-    const std::string sub = require_string(a.get(0, "sub"), name.c_str(), line);
-    const size_t at = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
-    if (at == std::string::npos) {
+    const std::u32string u = utf8_decode(s);
+    const std::u32string sub = utf8_decode(require_string(a.get(0, "sub"), name.c_str(), line));
+    // Within s[start:end], as Python's slice bounds (negative from the end, clamped).
+    const auto size = static_cast<int64_t>(u.size());
+    const auto bound = [&](const Value& v, int64_t fallback) {
+      if (v.is_undefined() || v.is_none()) return fallback;
+      if (!v.is_int() && !v.is_bool())
+        fail(name + ": slice indices must be integers or None", line);
+      return std::clamp(normalize_index(v.as_int(), size), int64_t{0}, size);
+    };
+    const Value start_value = a.get(1, "start");
+    const int64_t start = bound(start_value, 0), end = bound(a.get(2, "end"), size);
+    const bool past_end =
+        start_value.is_int() && normalize_index(start_value.as_int(), size) > size;
+    size_t at = std::u32string::npos;
+    if (!past_end && end - start >= static_cast<int64_t>(sub.size())) {
+      const std::u32string_view window = std::u32string_view(u).substr(
+          static_cast<size_t>(start), static_cast<size_t>(end - start));
+      at = name[0] == 'r' ? window.rfind(sub) : window.find(sub);
+    }
+    if (at == std::u32string::npos) {
       if (name.find("index") != std::string::npos) fail("substring not found", line);
       return -1;
     }
-    return static_cast<int64_t>(utf8_length(std::string_view(s).substr(0, at)));
+    return start + static_cast<int64_t>(at);
   }
   if (name == "count") {
     const std::string sub = require_string(a.get(0, "sub"), "count", line);

@@ -135,9 +135,26 @@ Value arithmetic(BinaryOp op, const Value& a, const Value& b, int line) {
         if (b.as_double() == 0)
           fail(op == BinaryOp::Mod ? "modulo by zero" : "division by zero", line);
         if (floats) {
+          // CPython's float divmod: fmod, then the sign of the divisor.
           const double x = a.as_double(), y = b.as_double();
-          const double q = std::floor(x / y);
-          return op == BinaryOp::FloorDiv ? Value(q) : Value(x - q * y);
+          double mod = std::fmod(x, y);
+          double div = (x - mod) / y;
+          if (mod != 0) {
+            if ((y < 0) != (mod < 0)) {
+              mod += y;
+              div -= 1.0;
+            }
+          } else {
+            mod = std::copysign(0.0, y);
+          }
+          double floor_div;
+          if (div != 0) {
+            floor_div = std::floor(div);
+            if (div - floor_div > 0.5) floor_div += 1.0;
+          } else {
+            floor_div = std::copysign(0.0, x / y);
+          }
+          return op == BinaryOp::FloorDiv ? Value(floor_div) : Value(mod);
         }
         const int64_t x = a.as_int(), y = b.as_int();
         if (x == std::numeric_limits<int64_t>::min() && y == -1) {
@@ -283,7 +300,7 @@ class Renderer {
   Value render_block(const Body& body, const std::vector<std::unique_ptr<FilterExpr>>& filters,
                      const ScopePtr& scope) {
     std::string text;
-    exec_body(body, text, scope);
+    exec_body(body, text, child_of(scope));  // its own scope, as jinja2's inner frame
     Value v(std::move(text));
     for (const auto& filter : filters)
       v = apply_filter(*filter, v, scope);
@@ -381,11 +398,25 @@ class Renderer {
           known = known || param.first == k;
         if (!known) fail("macro '" + m.name + "' takes no keyword argument '" + k + "'", a.line);
       }
+      if (self->macro_depth_ >= kMaxMacroDepth) {
+        fail("maximum recursion depth exceeded in macro '" + m.name + "'", a.line);
+      }
+      ++self->macro_depth_;
+      struct Leave {
+        int& depth;
+        ~Leave() { --depth; }
+      } leave{self->macro_depth_};
       std::string text;
       self->exec_body(m.body, text, local);
       return text;
     });
   }
+
+  // Macros nested deeper than this are an error, as jinja2's RecursionError (which comes
+  // between 150 and 200 levels of a one-line macro), rather than a stack overflow: each
+  // level takes about 2 KB of stack here.
+  static constexpr int kMaxMacroDepth = 256;
+  int macro_depth_ = 0;
 
   Value lookup(const NameExpr& e, const ScopePtr& scope) {
     if (const Value* v = scope->find(e.name)) return *v;

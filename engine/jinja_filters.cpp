@@ -1,10 +1,13 @@
 // The filters and tests of the Jinja subset, with jinja2's argument names and defaults.
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "engine/jinja_ast.h"
 #include "engine/jinja_builtins.h"
@@ -13,20 +16,28 @@
 namespace pagellm::engine::jinja {
 namespace {
 
+// transformers' tojson: json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+// sort_keys=False), in that order (not jinja2's own tojson, which HTML-escapes).
 Value filter_tojson(const Value& v, CallArgs& a) {
-  a.expect_at_most("tojson", 1, {"indent", "ensure_ascii", "separators", "sort_keys"});
-  const Value indent = a.get(0, "indent");
-  if (!indent.is_undefined() && !indent.is_none() && !indent.is_int()) {
-    fail("tojson: unsupported indent " + to_repr(indent), a.line);
+  a.expect_at_most("tojson", 4, {"ensure_ascii", "indent", "separators", "sort_keys"});
+  JsonStyle style;
+  style.ensure_ascii = a.get(0, "ensure_ascii").truthy();
+  const Value indent = a.get(1, "indent");
+  if (!indent.is_undefined() && !indent.is_none()) {
+    if (!indent.is_int()) fail("tojson: unsupported indent " + to_repr(indent), a.line);
+    style.indent = static_cast<int>(std::clamp<int64_t>(indent.as_int(), 0, 1024));
+    style.item_separator = ",";
   }
-  const Value ensure_ascii = a.get(1, "ensure_ascii");
-  if (ensure_ascii.truthy()) fail("tojson: unsupported ensure_ascii=True", a.line);
   const Value separators = a.get(2, "separators");
   if (!separators.is_undefined() && !separators.is_none()) {
-    fail("tojson: unsupported separators argument", a.line);
+    const bool pair = separators.is_sequence() && separators.as_list().size() == 2 &&
+                      separators.as_list()[0].is_string() && separators.as_list()[1].is_string();
+    if (!pair) fail("tojson: separators must be an (item, key) pair of strings", a.line);
+    style.item_separator = separators.as_list()[0].as_string();
+    style.key_separator = separators.as_list()[1].as_string();
   }
-  return to_json(v, indent.is_int() ? static_cast<int>(indent.as_int()) : -1,
-                 a.get(3, "sort_keys").truthy(), a.line);
+  style.sort_keys = a.get(3, "sort_keys").truthy();
+  return to_json(v, style, a.line);
 }
 
 Value filter_trim(const Value& v, CallArgs& a) {
@@ -179,23 +190,82 @@ Value filter_indent(const Value& v, CallArgs& a) {
   return out;
 }
 
+// Python's numeric literals in int() and float(): an optional sign, digits with single
+// underscores between them (no hexadecimal), surrounding whitespace; float() also takes
+// a fraction, an exponent, inf, infinity and nan. Returns the text without underscores,
+// or nothing when Python would refuse it.
+std::optional<std::string> python_number_text(const std::string& text, bool allow_float) {
+  const std::string s = py_strip(text, Value::undefined(), true, true);
+  std::string out;
+  size_t i = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) out += s[i++];
+  if (allow_float) {
+    std::string word;
+    for (size_t j = i; j < s.size(); ++j)
+      word += static_cast<char>(std::tolower(static_cast<unsigned char>(s[j])));
+    if (word == "inf" || word == "infinity" || word == "nan") return out + word;
+  }
+  // Digits, each underscore between two digits; `any` says whether one was read.
+  auto digits = [&](bool& any) {
+    any = false;
+    while (i < s.size()) {
+      if (std::isdigit(static_cast<unsigned char>(s[i]))) {
+        out += s[i++];
+        any = true;
+      } else if (s[i] == '_' && any && i + 1 < s.size() &&
+                 std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+        ++i;
+      } else {
+        break;
+      }
+    }
+  };
+  bool whole = false, fraction = false;
+  digits(whole);
+  if (allow_float && i < s.size() && s[i] == '.') {
+    out += s[i++];
+    digits(fraction);
+  }
+  if (!whole && !fraction) return std::nullopt;
+  if (allow_float && i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    out += s[i++];
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) out += s[i++];
+    bool exponent = false;
+    digits(exponent);
+    if (!exponent) return std::nullopt;
+  }
+  if (i != s.size()) return std::nullopt;
+  return out;
+}
+
+std::optional<double> python_float(const std::string& text) {
+  const auto number = python_number_text(text, true);
+  if (!number) return std::nullopt;
+  return std::strtod(number->c_str(), nullptr);  // past the range: +-inf, as Python
+}
+
+// int(x) of a float: truncated; past 64 bits an error (Python's integers have no end).
+Value float_to_int(double d, const Value& dflt, int line) {
+  if (std::isnan(d)) return dflt;  // ValueError, which jinja2 turns into the default
+  if (std::isinf(d)) fail("cannot convert float infinity to integer", line);
+  if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0) && d != -9223372036854775808.0)
+    fail("integer overflow: " + python_float_repr(d) + " does not fit in 64 bits", line);
+  return static_cast<int64_t>(d);
+}
+
+// jinja2's do_int: int(x), else int(float(x)) ("42.23"|int is 42), else the default.
 Value filter_int(const Value& v, CallArgs& a) {
   const Value dflt = a.has(0, "default") ? a.get(0, "default") : Value(0);
   if (v.is_int() || v.is_bool()) return v.as_int();
-  if (v.is_float()) return static_cast<int64_t>(v.as_double());
+  if (v.is_float()) return float_to_int(v.as_double(), dflt, a.line);
   if (v.is_string()) {
-    try {
-      size_t used = 0;
-      const std::string s = py_strip(v.as_string(), Value::undefined(), true, true);
-      const int64_t n = std::stoll(s, &used);
-      if (used == s.size()) return n;
-      // Python's float() reads no hexadecimal ("0x1A"|int is the default), which stod does.
-      if (s.find_first_of("xX") == std::string::npos) {
-        const double d = std::stod(s, &used);
-        if (used == s.size()) return static_cast<int64_t>(d);
-      }
-    } catch (const std::exception&) {
+    if (const auto whole = python_number_text(v.as_string(), false)) {
+      errno = 0;
+      const long long n = std::strtoll(whole->c_str(), nullptr, 10);
+      if (errno == ERANGE) fail("integer overflow: " + *whole + " does not fit in 64 bits", a.line);
+      return static_cast<int64_t>(n);
     }
+    if (const auto d = python_float(v.as_string())) return float_to_int(*d, dflt, a.line);
   }
   return dflt;
 }
@@ -204,13 +274,7 @@ Value filter_float(const Value& v, CallArgs& a) {
   const Value dflt = a.has(0, "default") ? a.get(0, "default") : Value(0.0);
   if (v.is_number()) return v.as_double();
   if (v.is_string()) {
-    try {
-      size_t used = 0;
-      const std::string s = py_strip(v.as_string(), Value::undefined(), true, true);
-      const double d = std::stod(s, &used);
-      if (used == s.size()) return d;
-    } catch (const std::exception&) {
-    }
+    if (const auto d = python_float(v.as_string())) return *d;
   }
   return dflt;
 }

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "engine/chat_template_error.h"
 #include "engine/jinja_unicode.h"
+#include "engine/utf8.h"
 
 namespace pagellm::engine::jinja {
 
@@ -359,9 +361,22 @@ void append_repr(std::string& out, const Value& v) {
   }
 }
 
-void append_json_string(std::string& out, const std::string& s) {
+void append_json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out.push_back('"');
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (ensure_ascii && static_cast<unsigned char>(c) >= 0x80) {
+      // \uXXXX, a surrogate pair past the BMP, as Python's json writes it.
+      const char32_t cp = utf8::next_codepoint(s, i);
+      --i;
+      if (cp > 0xFFFF) {
+        append_hex(out, "\\u", 0xD800 + ((cp - 0x10000) >> 10), 4);
+        append_hex(out, "\\u", 0xDC00 + ((cp - 0x10000) & 0x3FF), 4);
+      } else {
+        append_hex(out, "\\u", cp, 4);
+      }
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";
@@ -395,13 +410,13 @@ void append_json_string(std::string& out, const std::string& s) {
   out.push_back('"');
 }
 
-void append_json(std::string& out, const Value& v, int indent, bool sort_keys, int depth,
-                 int line) {
+void append_json(std::string& out, const Value& v, const JsonStyle& style, int depth, int line) {
+  const int indent = style.indent;
   auto newline = [&](int level) {
     out.push_back('\n');
     out.append(static_cast<size_t>(indent * level), ' ');
   };
-  const char* item_sep = indent >= 0 ? "," : ", ";
+  const std::string& item_sep = style.item_separator;
   switch (v.kind()) {
     case Value::Kind::None:
       out += "null";
@@ -423,7 +438,7 @@ void append_json(std::string& out, const Value& v, int indent, bool sort_keys, i
       return;
     }
     case Value::Kind::String:
-      append_json_string(out, v.as_string());
+      append_json_string(out, v.as_string(), style.ensure_ascii);
       return;
     case Value::Kind::List:
     case Value::Kind::Tuple: {
@@ -436,7 +451,7 @@ void append_json(std::string& out, const Value& v, int indent, bool sort_keys, i
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) out += item_sep;
         if (indent >= 0) newline(depth + 1);
-        append_json(out, items[i], indent, sort_keys, depth + 1, line);
+        append_json(out, items[i], style, depth + 1, line);
       }
       if (indent >= 0) newline(depth);
       out.push_back(']');
@@ -450,7 +465,7 @@ void append_json(std::string& out, const Value& v, int indent, bool sort_keys, i
         out += "{}";
         return;
       }
-      if (sort_keys) {
+      if (style.sort_keys) {
         std::stable_sort(entries.begin(), entries.end(),
                          [](const auto* a, const auto* b) { return a->first < b->first; });
       }
@@ -458,9 +473,9 @@ void append_json(std::string& out, const Value& v, int indent, bool sort_keys, i
       for (size_t i = 0; i < entries.size(); ++i) {
         if (i > 0) out += item_sep;
         if (indent >= 0) newline(depth + 1);
-        append_json_string(out, entries[i]->first);
-        out += ": ";
-        append_json(out, entries[i]->second, indent, sort_keys, depth + 1, line);
+        append_json_string(out, entries[i]->first, style.ensure_ascii);
+        out += style.key_separator;
+        append_json(out, entries[i]->second, style, depth + 1, line);
       }
       if (indent >= 0) newline(depth);
       out.push_back('}');
@@ -480,8 +495,12 @@ Value convert_json(const Json& json) {
       return Value(json.template get<bool>());
     case nlohmann::json::value_t::number_integer:
       return Value(json.template get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned:
-      return Value(static_cast<int64_t>(json.template get<uint64_t>()));
+    case nlohmann::json::value_t::number_unsigned: {
+      const auto n = json.template get<uint64_t>();
+      if (n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        fail("integer overflow: " + std::to_string(n) + " does not fit in 64 bits", 0);
+      return Value(static_cast<int64_t>(n));
+    }
     case nlohmann::json::value_t::number_float:
       return Value(json.template get<double>());
     case nlohmann::json::value_t::string:
@@ -521,9 +540,9 @@ std::string to_repr(const Value& value) {
   return out;
 }
 
-std::string to_json(const Value& value, int indent, bool sort_keys, int line) {
+std::string to_json(const Value& value, const JsonStyle& style, int line) {
   std::string out;
-  append_json(out, value, indent, sort_keys, 0, line);
+  append_json(out, value, style, 0, line);
   return out;
 }
 

@@ -143,8 +143,15 @@ bool value_less(const Value& a, const Value& b, int line);
 std::string to_str(const Value& value);
 std::string to_repr(const Value& value);
 std::string python_float_repr(double value);
-// json.dumps(value, ensure_ascii=False, indent=indent (negative: None), sort_keys).
-std::string to_json(const Value& value, int indent, bool sort_keys, int line);
+// The arguments of json.dumps: indent (negative: None), separators, sort_keys, ensure_ascii.
+struct JsonStyle {
+  int indent = -1;
+  std::string item_separator = ", ";  // "," with an indent
+  std::string key_separator = ": ";
+  bool sort_keys = false;
+  bool ensure_ascii = false;
+};
+std::string to_json(const Value& value, const JsonStyle& style, int line);
 
 Value from_json(const nlohmann::json& json);
 Value from_json(const nlohmann::ordered_json& json);

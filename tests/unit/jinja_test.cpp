@@ -453,6 +453,75 @@ TEST(JinjaExpressions, IntegerOverflowIsAnError) {
   EXPECT_NE(error_of("{{ 'ab' * 100000000 }}").find("repetition too large"), std::string::npos);
 }
 
+// A macro that calls itself without end (as a tool-use template walking a string it took
+// for a schema can) is an error, as jinja2's RecursionError, not a stack overflow.
+TEST(JinjaStatements, EndlessMacroRecursionIsAnError) {
+  EXPECT_NE(error_of("{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}")
+                .find("maximum recursion depth exceeded"),
+            std::string::npos);
+  // jinja2 itself stops between 150 and 200 levels; 150 render.
+  EXPECT_EQ(render("{%- macro f(n) -%}{%- if n > 0 -%}{{ f(n - 1) }}{%- endif -%}x{%- endmacro "
+                   "-%}{{ f(150) | length }}",
+                   "{}"),
+            "151");
+}
+
+// Python's float floor division and modulo: fmod with the sign of the divisor.
+TEST(JinjaExpressions, FloatFloorDivisionAndModuloAsPython) {
+  EXPECT_EQ(render("{{ 1 // 0.1 }}|{{ 1 % 0.1 }}|{{ 1.0 % 0.3 }}|{{ -3.0 // 0.3 }}|{{ -7.5 % 2 "
+                   "}}|{{ 7.5 % -2 }}|{{ -0.0 % 5 }}|{{ 6.0 % 3 }}|{{ -6.0 % 3 }}|{{ 6.0 % -3 }}",
+                   "{}"),
+            "9.0|0.09999999999999995|0.10000000000000003|-11.0|0.5|-0.5|0.0|0.0|0.0|-0.0");
+}
+
+// Python's str.splitlines breaks at every line boundary it knows, and indent with it.
+TEST(JinjaStringMethods, SplitlinesBreaksWherePythonDoes) {
+  EXPECT_EQ(render("{{ s.splitlines() }}|{{ 'a\u2028b' | indent(2) }}",
+                   "{\"s\": \"a\\u0085b\\fc\\u000bd\\u001ce\\u2029f\\r\\ng\"}"),
+            "['a', 'b', 'c', 'd', 'e', 'f', 'g']|a\n  b");
+}
+
+// A {% set %} inside a set or filter block stays inside it, as in jinja2.
+TEST(JinjaStatements, SetInsideABlockStaysInside) {
+  EXPECT_EQ(render("{% set y %}{% set inner = 5 %}{{ inner }}{% endset %}{{ y }}[{{ inner }}]"
+                   "{% filter upper %}{% set z = 'q' %}{{ z }}{% endfilter %}[{{ z }}]",
+                   "{}"),
+            "5[]Q[]");
+}
+
+// find and index take start and end; rsplit(None, n) splits at the right.
+TEST(JinjaStringMethods, FindTakesStartAndEndAndRsplitWithoutSeparator) {
+  EXPECT_EQ(render("{{ 'a b, c'.find('b', 3) }} {{ 'a b, c'.find('b', 1) }} {{ 'abcb'.find('b', 0, "
+                   "1) }} {{ 'abcb'.find('b', -2) }} {{ 'abc'.index('c', 1, 3) }} {{ '  a b c  "
+                   "'.rsplit(None, 1) }} {{ 'a b c'.rsplit() }} {{ ' a  b '.rsplit(None, 5) }}",
+                   "{}"),
+            "-1 2 -1 3 2 ['  a b', 'c'] ['a', 'b', 'c'] ['a', 'b']");
+}
+
+// transformers' tojson takes (ensure_ascii, indent, separators, sort_keys) in that order.
+TEST(JinjaFilters, ToJsonPositionalArgumentsAreTransformersOrder) {
+  EXPECT_EQ(
+      render(
+          "{{ {'a': 'é'} | tojson(false, 2) }}|{{ {'a': 'é', 'b': [1]} | "
+          "tojson(ensure_ascii=true) }}|{{ {'b': 1, 'a': [1, 2]} | tojson(separators=(',', "
+          "':')) }}|{{ {'a': [1]} | tojson(indent=1, separators=(',', ' = ')) }}|{{ '\U0001F600' | "
+          "tojson(true) }}",
+          "{}"),
+      "{\n  \"a\": \"é\"\n}|{\"a\": \"\\u00e9\", \"b\": [1]}|{\"b\":1,\"a\":[1,2]}|{\n \"a\" "
+      "= [\n  1\n ]\n}|\"\\ud83d\\ude00\"");
+}
+
+// Numbers a request can send that an int64 cannot hold are an error, not a wrapped value.
+TEST(JinjaExpressions, IntegersPast64BitsFromJsonOrFloatsAreAnError) {
+  EXPECT_NE(error_of("{{ v }}", "{\"v\": 9223372036854775808}").find("integer overflow"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 1e300 | int }}").find("integer overflow"), std::string::npos);
+  EXPECT_EQ(render("{{ v }} {{ 9.2e18 | int }} {{ -1e18 | int }} {{ 'inf' | float }} {{ '1e400' | "
+                   "float }} {{ '1_000' | int }} {{ '0x10' | float }}",
+                   "{\"v\": 9223372036854775807}"),
+            "9223372036854775807 9200000000000000000 -1000000000000000000 inf inf 1000 0.0");
+}
+
 TEST(JinjaFilters, FilterIndent) {
   EXPECT_EQ(render("{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' "
                    "| indent(width=1, blank=true) }}",
