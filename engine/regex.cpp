@@ -3,6 +3,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
+#include <array>
+
 #include "engine/utf8.h"
 
 namespace pagellm::engine {
@@ -12,6 +15,80 @@ namespace {
 constexpr std::string_view kWhiteSpace =
     "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
     "\\x{205F}\\x{3000}";
+
+// The code points Unicode 16 (the Oniguruma of Hugging Face's tokenizers) assigns that
+// Unicode 14 (Debian 12's PCRE2) does not, each with a stand-in PCRE2 knows, of the same
+// general category and UTF-8 length.
+struct Addition {
+  char32_t first, last, stand_in;
+};
+constexpr Addition kAdditions[] = {
+#include "engine/unicode_additions.inc"
+};
+
+// Which blocks of 256 code points hold an addition: most text never looks further.
+const std::array<bool, 0x1100>& blocks_with_additions() {
+  static const std::array<bool, 0x1100> blocks = [] {
+    std::array<bool, 0x1100> b{};
+    for (const Addition& a : kAdditions) {
+      for (char32_t block = a.first >> 8; block <= a.last >> 8; ++block)
+        b[block] = true;
+    }
+    return b;
+  }();
+  return blocks;
+}
+
+}  // namespace
+
+char32_t pcre2_stand_in(char32_t c) {
+  const auto* a = std::upper_bound(std::begin(kAdditions), std::end(kAdditions), c,
+                                   [](char32_t x, const Addition& r) { return x < r.first; });
+  if (a == std::begin(kAdditions) || c > (--a)->last) return c;
+  return a->stand_in;
+}
+
+namespace {
+
+// Puts in `shadow` a copy of `text` with the stand-ins in place of the additions, and
+// says whether there were any. Same length, same offsets: the matches on the copy are
+// those Unicode 16 gives on the text.
+bool with_stand_ins(std::string_view text, std::string& shadow) {
+  const auto& blocks = blocks_with_additions();
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  bool any = false;
+  for (size_t i = 0; i < text.size();) {
+    // Every addition takes 3 or 4 bytes, so starts with a byte from 0xE0 up, which is
+    // always a lead byte: skip the rest 32 at a time (a loop the compiler vectorizes).
+    if (bytes[i] < 0xE0) {
+      ++i;
+      while (i + 32 <= text.size()) {
+        bool lead = false;
+        for (size_t k = 0; k < 32; ++k)
+          lead |= bytes[i + k] >= 0xE0;
+        if (lead) break;
+        i += 32;
+      }
+      while (i < text.size() && bytes[i] < 0xE0)
+        ++i;
+      continue;
+    }
+    size_t pos = i;
+    const char32_t c = utf8::next_codepoint(text, pos);
+    if (c < 0x110000 && blocks[c >> 8]) {
+      const char32_t stand_in = pcre2_stand_in(c);
+      if (stand_in != c) {
+        if (!any) shadow.assign(text);
+        any = true;
+        std::string bytes;
+        utf8::append_codepoint(bytes, stand_in);
+        shadow.replace(i, bytes.size(), bytes);
+      }
+    }
+    i = pos;
+  }
+  return any;
+}
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
@@ -90,6 +167,8 @@ Regex::Regex(Regex&&) noexcept = default;
 Regex& Regex::operator=(Regex&&) noexcept = default;
 
 void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
+  std::string shadow;
+  if (with_stand_ins(text, shadow)) text = shadow;
   pcre2_match_data* data = pcre2_match_data_create(1, nullptr);
   if (data == nullptr) throw RegexError("out of memory creating regex match data");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());

@@ -3,6 +3,8 @@
 // used for the Split pre-tokenizer and regex Replace steps of tokenizer.json.
 // Patterns are written for Oniguruma, which Hugging Face uses; `\s` is rewritten to
 // Oniguruma's set (the Unicode White_Space property), which is narrower than PCRE2's.
+// Characters Unicode added after the Unicode 14 of Debian 12's PCRE2 match as their
+// Unicode 16 categories, as in Hugging Face's Oniguruma (engine/unicode_additions.inc).
 
 #include <cstddef>
 #include <memory>
@@ -34,6 +36,10 @@ class Regex {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The code point PCRE2 matches in place of `c`: for one Unicode assigned after 14.0, one
+// of the same category and UTF-8 length it knows; else `c` (exposed for tests).
+char32_t pcre2_stand_in(char32_t c);
 
 // The pattern with `\s` / `\S` replaced by Oniguruma's whitespace set (exposed for tests).
 std::string translate_oniguruma_pattern(std::string_view pattern);

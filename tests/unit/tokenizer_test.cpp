@@ -173,6 +173,17 @@ TEST_F(RealTokenizers, Qwen3AddedTokensSpecialOrNot) {
   EXPECT_EQ(tok.decode(std::vector<TokenId>{151644, 872, 151645}, true), "user");
 }
 
+// Letters and digits of Unicode 15 and 16 pre-tokenize as letters and digits (the ids
+// are those of Hugging Face's tokenizers 0.23), not as symbols split from their word.
+TEST_F(RealTokenizers, LettersAndDigitsNewerThanUnicode14SplitAsHuggingFaceDoes) {
+  const Tokenizer& llama3 = tokenizer_for("llama3");
+  EXPECT_EQ(llama3.encode(" \U0001E5F1"), (std::vector<TokenId>{220, 172, 252, 245, 109}));
+  EXPECT_EQ(llama3.encode("\U00016100.a"), (std::vector<TokenId>{172, 244, 226, 222, 5973}));
+  EXPECT_EQ(llama3.encode("\u1c89.a"), (std::vector<TokenId>{157, 110, 231, 5973}));
+  const Tokenizer& qwen3 = tokenizer_for("qwen3");
+  EXPECT_EQ(qwen3.encode("\U00031350.a"), (std::vector<TokenId>{172, 109, 235, 238, 5849}));
+}
+
 // --- SentencePiece style (synthetic tokenizer.json, see sentencepiece_fixture.h) ---
 
 Tokenizer load_sentencepiece(testing::SentencePieceStyle style,
