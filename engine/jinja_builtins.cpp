@@ -30,8 +30,16 @@ std::string u32_slice(const std::u32string& s, size_t begin, size_t end) {
   return utf8_encode(std::u32string_view(s).substr(begin, end - begin));
 }
 
+// maxsplit as Python takes it: an int (or bool), None or absent for no limit.
+int64_t maxsplit_of(const Value& v, int line) {
+  if (v.is_undefined() || v.is_none()) return -1;
+  if (!v.is_int() && !v.is_bool())
+    fail("'" + v.type_name() + "' object cannot be interpreted as an integer", line);
+  return v.as_int();
+}
+
 Value py_split(const std::string& s, const Value& sep, const Value& maxsplit_value, int line) {
-  int64_t maxsplit = maxsplit_value.is_number() ? maxsplit_value.as_int() : -1;
+  int64_t maxsplit = maxsplit_of(maxsplit_value, line);
   ValueList parts;
   if (sep.is_undefined() || sep.is_none()) {
     const std::u32string u = utf8_decode(s);
@@ -68,7 +76,7 @@ Value py_split(const std::string& s, const Value& sep, const Value& maxsplit_val
 }
 
 Value py_rsplit(const std::string& s, const Value& sep, const Value& maxsplit_value, int line) {
-  int64_t maxsplit = maxsplit_value.is_number() ? maxsplit_value.as_int() : -1;
+  int64_t maxsplit = maxsplit_of(maxsplit_value, line);
   if (maxsplit < 0) return py_split(s, sep, maxsplit_value, line);
   if (sep.is_undefined() || sep.is_none()) {
     // Runs of whitespace from the right; what is left past maxsplit keeps its left side.
@@ -171,13 +179,15 @@ Value string_method(const std::string& s, const std::string& name, CallArgs& a) 
       return c == U'\n' || c == U'\r' || c == U'\v' || c == U'\f' || (c >= 0x1C && c <= 0x1E) ||
              c == 0x85 || c == 0x2028 || c == 0x2029;
     };
+    const bool keepends = a.get(0, "keepends").truthy();
     const std::u32string u = utf8_decode(s);
     ValueList lines;
     size_t start = 0;
     for (size_t i = 0; i < u.size(); ++i) {
       if (boundary(u[i])) {
-        lines.emplace_back(u32_slice(u, start, i));
+        const size_t line_end = i;
         if (u[i] == U'\r' && i + 1 < u.size() && u[i + 1] == U'\n') ++i;
+        lines.emplace_back(u32_slice(u, start, keepends ? i + 1 : line_end));
         start = i + 1;
       }
     }
@@ -207,8 +217,8 @@ Value string_method(const std::string& s, const std::string& name, CallArgs& a) 
     };
     const Value start_value = a.get(1, "start");
     const int64_t start = bound(start_value, 0), end = bound(a.get(2, "end"), size);
-    const bool past_end =
-        start_value.is_int() && normalize_index(start_value.as_int(), size) > size;
+    const bool past_end = (start_value.is_int() || start_value.is_bool()) &&
+                          normalize_index(start_value.as_int(), size) > size;
     size_t at = std::u32string::npos;
     if (!past_end && end - start >= static_cast<int64_t>(sub.size())) {
       const std::u32string_view window = std::u32string_view(u).substr(

@@ -369,6 +369,15 @@ class Renderer {
     scope->vars[m.name] = Value::callable(m.name, [self, &m, weak](CallArgs& a) -> Value {
       ScopePtr defining = weak.lock();
       if (!defining) fail("macro '" + m.name + "' called outside its scope", a.line);
+      // Counted before the defaults are evaluated: a default can call the macro too.
+      if (self->macro_depth_ >= kMaxMacroDepth) {
+        fail("maximum recursion depth exceeded in macro '" + m.name + "'", a.line);
+      }
+      ++self->macro_depth_;
+      struct Leave {
+        int& depth;
+        ~Leave() { --depth; }
+      } leave{self->macro_depth_};
       if (a.positional.size() > m.params.size()) {
         fail("macro '" + m.name + "' takes not more than " + std::to_string(m.params.size()) +
                  " argument(s)",
@@ -398,14 +407,6 @@ class Renderer {
           known = known || param.first == k;
         if (!known) fail("macro '" + m.name + "' takes no keyword argument '" + k + "'", a.line);
       }
-      if (self->macro_depth_ >= kMaxMacroDepth) {
-        fail("maximum recursion depth exceeded in macro '" + m.name + "'", a.line);
-      }
-      ++self->macro_depth_;
-      struct Leave {
-        int& depth;
-        ~Leave() { --depth; }
-      } leave{self->macro_depth_};
       std::string text;
       self->exec_body(m.body, text, local);
       return text;

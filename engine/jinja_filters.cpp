@@ -1,5 +1,7 @@
 // The filters and tests of the Jinja subset, with jinja2's argument names and defaults.
 
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -12,6 +14,7 @@
 #include "engine/jinja_ast.h"
 #include "engine/jinja_builtins.h"
 #include "engine/jinja_unicode.h"
+#include "engine/utf8.h"
 
 namespace pagellm::engine::jinja {
 namespace {
@@ -24,8 +27,9 @@ Value filter_tojson(const Value& v, CallArgs& a) {
   style.ensure_ascii = a.get(0, "ensure_ascii").truthy();
   const Value indent = a.get(1, "indent");
   if (!indent.is_undefined() && !indent.is_none()) {
-    if (!indent.is_int()) fail("tojson: unsupported indent " + to_repr(indent), a.line);
-    style.indent = static_cast<int>(std::clamp<int64_t>(indent.as_int(), 0, 1024));
+    if (!(indent.is_int() || indent.is_bool()) || indent.as_int() > 1024)
+      fail("tojson: unsupported indent " + to_repr(indent), a.line);
+    style.indent = static_cast<int>(std::max<int64_t>(indent.as_int(), 0));  // negative: 0
     style.item_separator = ",";
   }
   const Value separators = a.get(2, "separators");
@@ -195,7 +199,29 @@ Value filter_indent(const Value& v, CallArgs& a) {
 // a fraction, an exponent, inf, infinity and nan. Returns the text without underscores,
 // or nothing when Python would refuse it.
 std::optional<std::string> python_number_text(const std::string& text, bool allow_float) {
-  const std::string s = py_strip(text, Value::undefined(), true, true);
+  // Python strips Unicode White_Space (not U+001C..U+001F, which str.strip takes) and
+  // reads every decimal digit (Nd) as its ASCII digit: digits come in runs from 0 to 9.
+  std::string s;
+  {
+    std::u32string u = utf8_decode(text);
+    size_t begin = 0, end = u.size();
+    while (begin < end && utf8::is_whitespace(u[begin]))
+      ++begin;
+    while (end > begin && utf8::is_whitespace(u[end - 1]))
+      --end;
+    for (size_t k = begin; k < end; ++k) {
+      char32_t c = u[k];
+      if (c >= 0x80 &&
+          utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_ND) {
+        char32_t zero = c;
+        while (zero > 0 && c - zero < 9 &&
+               utf8proc_category(static_cast<utf8proc_int32_t>(zero - 1)) == UTF8PROC_CATEGORY_ND)
+          --zero;
+        c = U'0' + (c - zero);
+      }
+      utf8_append(s, c);
+    }
+  }
   std::string out;
   size_t i = 0;
   if (i < s.size() && (s[i] == '+' || s[i] == '-')) out += s[i++];

@@ -641,12 +641,12 @@ std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
                                const std::string& template_variables_json) {
   engine::ChatRenderOptions options = defaults;
   options.add_generation_prompt = add_generation_prompt;
-  if (!template_variables_json.empty()) {
-    const ordered_json variables = ordered_json::parse(template_variables_json);
-    for (auto it = variables.begin(); it != variables.end(); ++it)
-      options.set(it.key(), it.value());
-  }
   try {
+    if (!template_variables_json.empty()) {
+      const ordered_json variables = ordered_json::parse(template_variables_json);
+      for (auto it = variables.begin(); it != variables.end(); ++it)
+        options.set(it.key(), it.value());
+    }
     return chat_template.render(ordered_json::parse(messages_json), options);
   } catch (const engine::ChatTemplateError& e) {
     fail(std::string("the chat template could not render these messages: ") + e.what(), "messages");

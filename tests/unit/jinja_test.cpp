@@ -522,6 +522,29 @@ TEST(JinjaExpressions, IntegersPast64BitsFromJsonOrFloatsAreAnError) {
             "9223372036854775807 9200000000000000000 -1000000000000000000 inf inf 1000 0.0");
 }
 
+// The rest of what jinja2 does differently at the edges: a default that calls its own
+// macro, DEL under ensure_ascii, indent=true, Unicode digits and White_Space in int and
+// float, a bool start past the end, keepends, a float maxsplit.
+TEST(JinjaExpressions, EdgesOfMacrosJsonNumbersAndStrings) {
+  EXPECT_NE(error_of("{% macro m(x=m()) %}{% endmacro %}{{ m() }}")
+                .find("maximum recursion depth exceeded"),
+            std::string::npos);
+  EXPECT_EQ(render("{{ s | tojson(true) }}|{{ s | tojson }}|{{ [1] | tojson(indent=true) }}",
+                   "{\"s\": \"a\\u007f\u00e9\"}"),
+            "\"a\\u007f\\u00e9\"|\"a\x7f\u00e9\"|[\n 1\n]");
+  EXPECT_EQ(
+      render("{{ a | int }}|{{ b | int }}|{{ c | float }}|{{ d | int }}",
+             "{\"a\": \"\\u001c5\", \"b\": \"\uff11\uff12\", \"c\": \" \uff11.\uff15\u3000\", "
+             "\"d\": \"\u0663\"}"),
+      "0|12|1.5|3");
+  EXPECT_EQ(render("{{ ''.find('', true) }}|{{ 'ab'.find('', true) }}|{{ s.splitlines(true) }}|{{ "
+                   "'a\\rb'.splitlines(keepends=true) }}",
+                   "{\"s\": \"a\\r\\nb\\nc\"}"),
+            "-1|1|['a\\r\\n', 'b\\n', 'c']|['a\\r', 'b']");
+  EXPECT_NE(error_of("{{ 'a b'.rsplit(None, 1.5) }}").find("cannot be interpreted as an integer"),
+            std::string::npos);
+}
+
 TEST(JinjaFilters, FilterIndent) {
   EXPECT_EQ(render("{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' "
                    "| indent(width=1, blank=true) }}",

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/chat_template.h"
+
 namespace pagellm::server {
 namespace {
 
@@ -144,6 +146,25 @@ TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
       chat_error(chat_with(R"("tool_choice": {"type": "function", "function": {"name": "f"}})"))
           .param,
       "tool_choice");
+}
+
+// What the template cannot take from the tools (an integer past int64) is the client's
+// 400, as any other render error, not a 500.
+TEST(OpenAIProtocol, ATemplateVariableTheTemplateCannotHoldIsABadRequest) {
+  const auto tmpl = engine::ChatTemplate::parse("{{ tools | tojson }}{{ messages[0].content }}");
+  const CompletionRequest ok =
+      parse_chat_request(chat_with(R"("tools": [{"type": "function", "n": 9223372036854775807}])"));
+  EXPECT_EQ(render_chat_prompt(tmpl, {}, ok.messages_json, true, ok.template_variables_json),
+            R"([{"type": "function", "n": 9223372036854775807}]hi)");
+  const CompletionRequest big = parse_chat_request(
+      chat_with(R"("tools": [{"type": "function", "n": 18446744073709551615}])"));
+  try {
+    render_chat_prompt(tmpl, {}, big.messages_json, true, big.template_variables_json);
+    ADD_FAILURE() << "rendered";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().status, 400);
+    EXPECT_NE(e.error().message.find("integer overflow"), std::string::npos) << e.error().message;
+  }
 }
 
 TEST(OpenAIProtocol, MinTokensAndKeepingTheStopString) {
