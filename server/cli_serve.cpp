@@ -420,7 +420,11 @@ int run_serve(Args args) {
           defaults.describe());
     }
     // Every request in flight holds a connection thread while it waits or streams.
+    // Every request running or waiting holds a connection, and so a thread; beyond them,
+    // room for /health, /metrics and idle kept-alive connections.
     http_options.threads = std::max(128, o.max_num_seqs + 64);
+    http_options.max_threads =
+        static_cast<int>(std::min<int64_t>(int64_t{o.max_num_seqs} + o.max_waiting + 256, 32768));
     http = std::make_unique<server::HttpServer>(*engine, tokenizer, http_options);
     port = http->bind();
     if (o.api_key.empty() && o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1") {

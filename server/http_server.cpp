@@ -18,6 +18,7 @@
 #include "engine/incremental_detokenizer.h"
 #include "engine/tokenizer.h"
 #include "server/dashboard.h"
+#include "server/http_thread_pool.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 
@@ -29,6 +30,18 @@ using scheduler::AddStatus;
 using scheduler::FinishReason;
 
 constexpr const char* kJson = "application/json";
+
+// cpp-httplib's queue of accepted connections, on a pool that grows when every thread
+// is held by an open connection.
+class TaskQueue : public httplib::TaskQueue {
+ public:
+  TaskQueue(size_t threads, size_t max_threads) : pool_(threads, max_threads) {}
+  void enqueue(std::function<void()> job) override { pool_.enqueue(std::move(job)); }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  HttpThreadPool pool_;
+};
 
 // One line per request, written when the last holder lets go: at the end of the
 // handler, or when a stream has been written out.
@@ -467,8 +480,9 @@ struct HttpServer::Impl {
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
       listen_socket = sock;
     });
-    const int threads = options.threads;
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    const auto threads = static_cast<size_t>(std::max(options.threads, 1));
+    const auto max_threads = std::max(threads, static_cast<size_t>(options.max_threads));
+    http.new_task_queue = [threads, max_threads] { return new TaskQueue(threads, max_threads); };
   }
 
   const engine::ChatTemplate& require_template() const {

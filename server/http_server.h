@@ -28,7 +28,10 @@ struct HttpServerOptions {
   // What requests that leave a sampling parameter out get (see GenerationDefaults).
   scheduler::SamplingParams sampling_defaults;
   size_t max_body_bytes = size_t(32) << 20;
-  int threads = 128;  // connections served at once (each stream holds one)
+  // Threads for connections (each open one holds a thread: see HttpThreadPool): started
+  // at once, and at most.
+  int threads = 128;
+  int max_threads = 1024;
 };
 
 class HttpServer {

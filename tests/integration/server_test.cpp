@@ -1297,6 +1297,32 @@ TEST(ServerProcess, ShutdownTimeoutAbortsWhatIsLeft) {
   EXPECT_EQ(status, 503);
 }
 
+// Connections hold a thread each while they are open: when every one the server started
+// is held by an idle client, /health still answers (the pool grows), rather than waiting
+// for those clients' reads to time out (5 s).
+TEST(ServerProcess, IdleConnectionsDoNotStarveHealth) {
+  ServerProcess server({"--max-num-seqs", "1"});  // 128 threads to begin with
+  ASSERT_GT(server.port(), 0) << server.log();
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> idle;
+  for (int i = 0; i < 160; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(200ms);  // accepted, each waiting for a request
+  httplib::Client client = server.client(false);
+  client.set_read_timeout(3, 0);
+  const auto res = client.Get("/health");
+  for (int fd : idle)
+    close(fd);
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+}
+
 // A client that holds a kept-alive connection open without a request keeps the
 // listener's thread until its read times out; the log says so, and does not claim to
 // abort requests when none is in flight.
