@@ -480,8 +480,8 @@ struct HttpServer::Impl {
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
       listen_socket = sock;
     });
-    const auto threads = static_cast<size_t>(std::max(options.threads, 1));
-    const auto max_threads = std::max(threads, static_cast<size_t>(options.max_threads));
+    const auto max_threads = static_cast<size_t>(std::max(options.max_threads, 1));
+    const auto threads = std::min(static_cast<size_t>(std::max(options.threads, 1)), max_threads);
     http.new_task_queue = [threads, max_threads] { return new TaskQueue(threads, max_threads); };
   }
 

@@ -1,5 +1,7 @@
 #include "server/http_thread_pool.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <system_error>
 
@@ -8,6 +10,7 @@ namespace pagellm::server {
 HttpThreadPool::HttpThreadPool(size_t initial_threads, size_t max_threads)
     : max_threads_(std::max<size_t>(max_threads, 1)) {
   std::lock_guard lock(mutex_);
+  threads_.reserve(max_threads_);  // starting a thread then allocates nothing
   for (size_t i = 0; i < std::min(initial_threads, max_threads_); ++i)
     start_thread();
 }
@@ -20,8 +23,12 @@ void HttpThreadPool::start_thread() {
   try {
     threads_.emplace_back([this] { work(); });
     ++idle_;  // idle from the start, so that the next job does not start another
-  } catch (const std::system_error&) {
-    // No more threads to be had (a process or cgroup limit): the job waits for a busy one.
+  } catch (const std::system_error& e) {
+    // No more threads to be had (a process or cgroup limit): jobs past the threads there
+    // are wait for one, and the pool stops trying.
+    spdlog::warn("could not start HTTP thread {} ({}): connections past {} wait for a thread",
+                 threads_.size() + 1, e.what(), threads_.size());
+    max_threads_ = std::max<size_t>(threads_.size(), 1);
   }
 }
 
@@ -46,6 +53,7 @@ void HttpThreadPool::work() {
     jobs_.pop_front();
     lock.unlock();
     job();
+    job = nullptr;  // its captures go before the lock is taken again
     lock.lock();
     ++idle_;
   }

@@ -27,7 +27,7 @@ class HttpThreadPool {
   // Runs the jobs already queued, then joins the threads. Jobs enqueued after it are
   // dropped.
   void shutdown();
-  size_t threads() const;  // started so far
+  size_t threads() const;  // started so far (0 after shutdown)
 
  private:
   void start_thread();  // with mutex_ held
@@ -38,7 +38,7 @@ class HttpThreadPool {
   std::deque<std::function<void()>> jobs_;
   std::vector<std::thread> threads_;
   size_t idle_ = 0;
-  const size_t max_threads_;
+  size_t max_threads_;  // lowered when the system refuses a thread
   bool stopping_ = false;
 };
 
