@@ -466,6 +466,19 @@ int run_serve(Args args) {
     }
   }
   engine->stop();  // aborts what is left, so that their handlers return
+  if (!stopped) {
+    // Idle connections close within their 5 s read timeout; a client that keeps sending
+    // a byte at a time would hold its thread, and the exit, for good. A further signal
+    // cuts this grace short too.
+    wait_for_signal(stopped, std::chrono::seconds(6));
+    if (!stopped) {
+      spdlog::warn("connections still open after the shutdown timeout; exiting without them");
+      spdlog::shutdown();
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(0);
+    }
+  }
   listener.join();
   if (!served) {
     spdlog::error("pagellm serve: the server stopped listening unexpectedly");

@@ -1343,6 +1343,40 @@ TEST(ServerProcess, AnIdleConnectionAtShutdownIsNotARequestAborted) {
   EXPECT_NE(log.find("no request in flight"), std::string::npos) << log;
 }
 
+// A client that sends a request a byte at a time, each within the read timeout, would
+// hold a connection thread, and with it the exit, for as long as it likes: past the
+// shutdown timeout and a grace for idle connections to close, the server exits without it.
+TEST(ServerProcess, ATricklingClientDoesNotHoldTheExitForever) {
+  ServerProcess server({"--shutdown-timeout", "0"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    for (size_t i = 0; !done; ++i) {
+      const char c = i < request.size() ? request[i] : 'a';
+      if (send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;
+      std::this_thread::sleep_for(500ms);
+    }
+  });
+  std::this_thread::sleep_for(1s);
+  const auto start = std::chrono::steady_clock::now();
+  const int code = server.stop(SIGTERM, 30s);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  done = true;
+  trickle.join();
+  close(fd);
+  EXPECT_EQ(code, 0) << server.log();
+  EXPECT_LT(took, 20) << server.log();
+  EXPECT_NE(server.log().find("exiting without them"), std::string::npos) << server.log();
+}
+
 // stdout carries the bound address alone, for scripts; the log goes to stderr.
 TEST(ServeCli, TheLogGoesToStderrAndTheAddressToStdout) {
   const auto dir = std::filesystem::temp_directory_path() /
