@@ -649,6 +649,20 @@ TEST_F(Server, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(client_->Get("/health")->status, 200);
 }
 
+// A TCP connection to the server on localhost, or -1.
+int connect_to(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Sends `request` as is on a new connection to `port` and reads until the server closes
 // it (or 10 s pass), or unless `until_close`, until a response's headers and its
 // Content-Length of body are in: the raw response, with a flag for the close.
@@ -658,16 +672,12 @@ struct RawExchange {
 };
 RawExchange raw_http(int port, const std::string& request, bool until_close = true) {
   RawExchange out;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int fd = connect_to(port);
+  if (fd < 0) return out;
   timeval timeout{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(request.size())) {
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+      static_cast<ssize_t>(request.size())) {
     char buf[4096];
     ssize_t n = 1;
     auto whole = [&] {
@@ -1303,15 +1313,10 @@ TEST(ServerProcess, ShutdownTimeoutAbortsWhatIsLeft) {
 TEST(ServerProcess, IdleConnectionsDoNotStarveHealth) {
   ServerProcess server({"--max-num-seqs", "1"});  // 128 threads to begin with
   ASSERT_GT(server.port(), 0) << server.log();
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::vector<int> idle;
   for (int i = 0; i < 160; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    idle.push_back(fd);
+    idle.push_back(connect_to(server.port()));
+    ASSERT_GE(idle.back(), 0);
   }
   std::this_thread::sleep_for(200ms);  // accepted, each waiting for a request
   httplib::Client client = server.client(false);
@@ -1329,12 +1334,8 @@ TEST(ServerProcess, IdleConnectionsDoNotStarveHealth) {
 TEST(ServerProcess, AnIdleConnectionAtShutdownIsNotARequestAborted) {
   ServerProcess server({"--shutdown-timeout", "0"});
   ASSERT_GT(server.port(), 0) << server.log();
-  const int idle = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int idle = connect_to(server.port());
+  ASSERT_GE(idle, 0);
   std::this_thread::sleep_for(100ms);  // accepted, waiting for a request
   EXPECT_EQ(server.stop(SIGTERM, 30s), 0) << server.log();
   close(idle);
@@ -1349,12 +1350,8 @@ TEST(ServerProcess, AnIdleConnectionAtShutdownIsNotARequestAborted) {
 TEST(ServerProcess, ATricklingClientDoesNotHoldTheExitForever) {
   ServerProcess server({"--shutdown-timeout", "0"});
   ASSERT_GT(server.port(), 0) << server.log();
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int fd = connect_to(server.port());
+  ASSERT_GE(fd, 0);
   std::atomic<bool> done{false};
   std::thread trickle([&] {
     const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
