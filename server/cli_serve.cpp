@@ -3,7 +3,9 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -316,6 +318,17 @@ int run_serve(Args args) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   // A client that hangs up shows as a failed write, not as a signal that ends us.
   std::signal(SIGPIPE, SIG_IGN);
+  // Every connection takes a descriptor, and a soft limit of 1024 (a common default)
+  // would refuse connections long before the HTTP threads run out: take the hard limit,
+  // as vLLM does. (cpp-httplib waits on sockets with poll, which has no FD_SETSIZE.)
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    const rlim_t soft = files.rlim_cur;
+    // An unlimited hard limit still stops at the kernel's nr_open (1048576 by default).
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, rlim_t{1} << 20);
+    if (files.rlim_cur > soft && setrlimit(RLIMIT_NOFILE, &files) == 0) {
+      spdlog::debug("open file limit raised from {} to {}", soft, files.rlim_cur);
+    }
+  }
 
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<server::HttpServer> http;

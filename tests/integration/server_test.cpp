@@ -6,6 +6,7 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1326,6 +1327,30 @@ TEST(ServerProcess, IdleConnectionsDoNotStarveHealth) {
     close(fd);
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   EXPECT_EQ(res->status, 200);
+}
+
+// Each connection takes a descriptor: the server raises its soft limit on open files to
+// the hard one (commonly 1024 against 524288), so that it can hold as many connections
+// as it has threads for.
+TEST(ServerProcess, RaisesItsOpenFileLimitToTheHardLimit) {
+  rlimit mine{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &mine), 0);
+  if (mine.rlim_max <= 256) GTEST_SKIP() << "hard limit " << mine.rlim_max;
+  rlimit lowered = mine;
+  lowered.rlim_cur = 256;  // the server inherits it
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  ServerProcess server({});
+  setrlimit(RLIMIT_NOFILE, &mine);
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::ifstream limits("/proc/" + std::to_string(server.pid()) + "/limits");
+  std::string line, soft, hard;
+  while (std::getline(limits, line)) {
+    if (line.rfind("Max open files", 0) != 0) continue;
+    std::istringstream fields(line.substr(std::string("Max open files").size()));
+    fields >> soft >> hard;
+  }
+  EXPECT_EQ(soft, hard);
+  EXPECT_NE(soft, "256");
 }
 
 // A client that holds a kept-alive connection open without a request keeps the
