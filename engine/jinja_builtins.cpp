@@ -30,6 +30,13 @@ std::string u32_slice(const std::u32string& s, size_t begin, size_t end) {
   return utf8_encode(std::u32string_view(s).substr(begin, end - begin));
 }
 
+// A slice bound as Python takes it: an int (or bool), or None or absent for none.
+std::optional<int64_t> slice_index(const Value& v, const std::string& what, int line) {
+  if (v.is_undefined() || v.is_none()) return std::nullopt;
+  if (!v.is_int() && !v.is_bool()) fail(what + "slice indices must be integers or None", line);
+  return v.as_int();
+}
+
 // maxsplit as Python takes it: an int (or bool), None or absent for no limit.
 int64_t maxsplit_of(const Value& v, int line) {
   if (v.is_undefined() || v.is_none()) return -1;
@@ -209,16 +216,13 @@ Value string_method(const std::string& s, const std::string& name, CallArgs& a) 
     const std::u32string sub = utf8_decode(require_string(a.get(0, "sub"), name.c_str(), line));
     // Within s[start:end], as Python's slice bounds (negative from the end, clamped).
     const auto size = static_cast<int64_t>(u.size());
-    const auto bound = [&](const Value& v, int64_t fallback) {
-      if (v.is_undefined() || v.is_none()) return fallback;
-      if (!v.is_int() && !v.is_bool())
-        fail(name + ": slice indices must be integers or None", line);
-      return std::clamp(normalize_index(v.as_int(), size), int64_t{0}, size);
+    const auto given_start = slice_index(a.get(1, "start"), name + ": ", line);
+    const auto given_end = slice_index(a.get(2, "end"), name + ": ", line);
+    const auto bound = [&](std::optional<int64_t> v, int64_t fallback) {
+      return v ? std::clamp(normalize_index(*v, size), int64_t{0}, size) : fallback;
     };
-    const Value start_value = a.get(1, "start");
-    const int64_t start = bound(start_value, 0), end = bound(a.get(2, "end"), size);
-    const bool past_end = (start_value.is_int() || start_value.is_bool()) &&
-                          normalize_index(start_value.as_int(), size) > size;
+    const int64_t start = bound(given_start, 0), end = bound(given_end, size);
+    const bool past_end = given_start && normalize_index(*given_start, size) > size;
     size_t at = std::u32string::npos;
     if (!past_end && end - start >= static_cast<int64_t>(sub.size())) {
       const std::u32string_view window = std::u32string_view(u).substr(
@@ -463,11 +467,7 @@ Value get_item(const Value& obj, const Value& key, int line) {
 Value get_slice(const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v,
                 int line) {
   if (obj.is_undefined()) fail_undefined(obj, line);
-  auto as_opt = [&](const Value& v) -> std::optional<int64_t> {
-    if (v.is_undefined() || v.is_none()) return std::nullopt;
-    if (!v.is_int() && !v.is_bool()) fail("slice indices must be integers or None", line);
-    return v.as_int();
-  };
+  auto as_opt = [&](const Value& v) { return slice_index(v, "", line); };
   const int64_t step = as_opt(step_v).value_or(1);
   if (step == 0) fail("slice step cannot be zero", line);
   std::u32string chars;

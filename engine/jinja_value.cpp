@@ -365,10 +365,6 @@ void append_json_string(std::string& out, const std::string& s, bool ensure_asci
   out.push_back('"');
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
-    if (ensure_ascii && c == '\x7f') {  // Python escapes all but U+0020..U+007E
-      append_hex(out, "\\u", 0x7f, 4);
-      continue;
-    }
     if (ensure_ascii && static_cast<unsigned char>(c) >= 0x80) {
       // \uXXXX, a surrogate pair past the BMP, as Python's json writes it.
       const char32_t cp = utf8::next_codepoint(s, i);
@@ -404,7 +400,8 @@ void append_json_string(std::string& out, const std::string& s, bool ensure_asci
         out += "\\f";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
+        // Control characters; with ensure_ascii DEL too (Python keeps U+0020..U+007E).
+        if (static_cast<unsigned char>(c) < 0x20 || (ensure_ascii && c == '\x7f')) {
           append_hex(out, "\\u", static_cast<unsigned char>(c), 4);
         } else {
           out.push_back(c);

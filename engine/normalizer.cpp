@@ -3,7 +3,6 @@
 #include <utf8proc.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
 #include "engine/byte_level.h"
@@ -63,13 +62,9 @@ class UnicodeNormalizer : public Normalizer {
     size_t pos = 0;
     while (pos < text.size()) {
       const auto c = static_cast<utf8proc_int32_t>(utf8::next_codepoint(text, pos));
-      if (c < 0x80) {  // no decomposition, no combining class
-        end_run();
-        points.push_back(c);
-        run = points.size();
-        continue;
-      }
-      const utf8proc_ssize_t n = utf8proc_decompose_char(c, one, 32, options_, nullptr);
+      one[0] = c;  // ASCII: no decomposition
+      const utf8proc_ssize_t n =
+          c < 0x80 ? 1 : utf8proc_decompose_char(c, one, 32, options_, nullptr);
       // Input is valid UTF-8 by now; keep it unchanged if utf8proc disagrees.
       if (n < 0 || n > 32) return;
       for (utf8proc_ssize_t i = 0; i < n; ++i) {

@@ -80,9 +80,9 @@ bool with_stand_ins(std::string_view text, std::string& shadow) {
       if (stand_in != c) {
         if (!any) shadow.assign(text);
         any = true;
-        std::string bytes;
-        utf8::append_codepoint(bytes, stand_in);
-        shadow.replace(i, bytes.size(), bytes);
+        std::string encoded;
+        utf8::append_codepoint(encoded, stand_in);
+        shadow.replace(i, encoded.size(), encoded);
       }
     }
     i = pos;

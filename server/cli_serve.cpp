@@ -432,7 +432,6 @@ int run_serve(Args args) {
           "leaves them out)",
           defaults.describe());
     }
-    // Every request in flight holds a connection thread while it waits or streams.
     // Every request running or waiting holds a connection, and so a thread; beyond them,
     // room for /health, /metrics and idle kept-alive connections.
     http_options.threads = std::max(128, o.max_num_seqs + 64);
