@@ -9,6 +9,7 @@
 
 #include "engine/chat_template.h"
 #include "engine/utf8.h"
+#include "server/json_scan.h"
 
 namespace pagellm::server {
 namespace {
@@ -33,26 +34,11 @@ constexpr int kMaxJsonDepth = 128;
 // The deepest nesting of arrays and objects in `text`, outside strings; stops counting
 // past kMaxJsonDepth. Malformed text is the parser's to refuse.
 int json_depth(const std::string& text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > kMaxJsonDepth) break;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
+  int deepest = 0;
+  scan_json_brackets(text, 0, [&](size_t, int depth) {
+    deepest = std::max(deepest, depth);
+    return deepest <= kMaxJsonDepth;
+  });
   return deepest;
 }
 
