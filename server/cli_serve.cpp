@@ -25,6 +25,7 @@
 #include "server/cli.h"
 #include "server/cli_args.h"
 #include "server/http_server.h"
+#include "server/tool_call_parser.h"
 
 namespace pagellm::cli {
 namespace {
@@ -70,6 +71,10 @@ constexpr const char* kUsage =
     "  --generation-config G       auto (default): sampling parameters a request leaves\n"
     "                              out come from the model's generation_config.json, as\n"
     "                              in vLLM; none: OpenAI's defaults (temperature 1, ...)\n"
+    "  --tool-call-parser P        how tool calls in replies to requests with tools are\n"
+    "                              read into 'tool_calls': auto (default: the syntax the\n"
+    "                              chat template teaches), hermes, llama3_json, mistral,\n"
+    "                              or none (replies stay text)\n"
     "  --log-level LEVEL           trace, debug, info (default), warn, error\n"
     "  --shutdown-timeout S        seconds requests in flight get to finish after\n"
     "                              SIGINT/SIGTERM before they are aborted (default 30)\n";
@@ -92,6 +97,7 @@ const std::vector<std::string> kOptions = {"--model",
                                            "--served-model-name",
                                            "--chat-template",
                                            "--generation-config",
+                                           "--tool-call-parser",
                                            "--log-level",
                                            "--shutdown-timeout"};
 
@@ -113,6 +119,7 @@ struct ServeOptions {
   std::string served_model_name;
   std::string chat_template;
   std::string generation_config = "auto";
+  std::string tool_call_parser = "auto";
   std::string log_level = "info";
   double shutdown_timeout = 30;
 };
@@ -228,6 +235,14 @@ ServeOptions parse_options(const ArgReader& reader) {
       throw UsageError("--generation-config must be auto or none, not '" + *v + "'");
     }
     o.generation_config = *v;
+  }
+  if (auto v = get("--tool-call-parser")) {
+    if (*v != "auto" && !server::tool_call_format_named(*v)) {
+      throw UsageError(
+          "--tool-call-parser must be auto, hermes, llama3_json, mistral or none, not '" + *v +
+          "'");
+    }
+    o.tool_call_parser = *v;
   }
   if (auto v = get("--log-level")) o.log_level = *v;
   if (auto v = get("--shutdown-timeout")) {
@@ -414,6 +429,7 @@ int run_serve(Args args) {
     http_options.served_model_name =
         !o.served_model_name.empty() ? o.served_model_name : folder.filename().string();
     if (!o.chat_template.empty()) http_options.chat_template = o.chat_template;
+    http_options.tool_call_parser = o.tool_call_parser;
     const engine::GenerationDefaults& defaults = engine->model_config().generation_defaults;
     if (o.generation_config == "auto" && !defaults.empty()) {
       scheduler::SamplingParams& p = http_options.sampling_defaults;

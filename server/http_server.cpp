@@ -21,6 +21,7 @@
 #include "server/http_thread_pool.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/tool_call_parser.h"
 
 namespace pagellm::server {
 namespace {
@@ -189,6 +190,8 @@ struct Choice {
   std::shared_ptr<engine::RequestStream> stream;
   bool done = false;
   CharacterCounter logprob_chars;  // characters of the tokens whose logprobs went out
+  // Streaming a reply whose tool calls are taken out of its text: the calls sent so far.
+  std::optional<ToolCallStream> tool_calls;
   // What has been gathered (engine::merge_chunk): the end (usage, reason, times) and when
   // each token was sampled, for inter-token latency.
   engine::GenerationChunk final;
@@ -203,6 +206,8 @@ struct HttpServer::Impl {
   int listen_socket = -1;  // set while binding
   std::optional<engine::ChatTemplate> chat_template;
   std::string chat_template_error;
+  // How the served model writes tool calls (kNone: replies stay text).
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
   engine::ChatRenderOptions render_defaults;
   ServerMetrics metrics;
   httplib::Server http;
@@ -222,7 +227,46 @@ struct HttpServer::Impl {
       chat_template_error = err.what();
       spdlog::warn("no chat template: /v1/chat/completions will answer 400 ({})", err.what());
     }
+    choose_tool_call_format();
     routes();
+  }
+
+  void choose_tool_call_format() {
+    if (options.tool_call_parser != "auto") {
+      const std::optional<ToolCallFormat> named = tool_call_format_named(options.tool_call_parser);
+      if (!named)
+        throw std::runtime_error("unknown tool call parser '" + options.tool_call_parser + "'");
+      tool_call_format = *named;
+      return;
+    }
+    if (chat_template) tool_call_format = tool_call_format_of_template(chat_template->source());
+    if (tool_call_format != ToolCallFormat::kNone) {
+      spdlog::info(
+          "tool calls in replies to requests with tools are read as {}, as the chat template "
+          "teaches (--tool-call-parser none leaves them in the text)",
+          tool_call_format_name(tool_call_format));
+    }
+  }
+
+  // Whether the reply's tool calls are taken out of its text.
+  bool parses_tool_calls(const CompletionRequest& r) const {
+    return r.chat && r.tool_calls_allowed && tool_call_format != ToolCallFormat::kNone;
+  }
+
+  // The calls as the reply gives them, numbered from `first` within the choice.
+  static std::vector<ToolCallResult> tool_call_results(std::vector<ParsedToolCall> calls,
+                                                       int32_t first) {
+    std::vector<ToolCallResult> out;
+    for (ParsedToolCall& c : calls) {
+      out.push_back({first++, "call_" + random_hex(24), std::move(c.name), std::move(c.arguments)});
+    }
+    return out;
+  }
+
+  // A reply that ended on its own with tool calls ends for them, as OpenAI's do.
+  static std::string finish_reason_of(FinishReason reason, bool called) {
+    if (called && reason == FinishReason::kStop) return "tool_calls";
+    return finish_name(reason);
   }
 
   int32_t max_model_len() const { return engine.config().scheduler.max_model_len; }
@@ -589,9 +633,14 @@ struct HttpServer::Impl {
         }
         g.priority = r.priority;
         g.skip_special_tokens = r.skip_special_tokens;
+        // Mistral opens its calls with a special token: the text must keep it.
+        if (parses_tool_calls(r) && tool_call_format == ToolCallFormat::kMistral) {
+          g.skip_special_tokens = false;
+        }
         sequences.push_back(std::move(g));
         Choice c;
         c.index = index;
+        if (r.stream && parses_tool_calls(r)) c.tool_calls.emplace(tool_call_format);
         c.prompt_index = static_cast<int32_t>(p);
         c.prompt_tokens = static_cast<int64_t>(prompts[p].size());
         choices.push_back(std::move(c));
@@ -721,6 +770,13 @@ struct HttpServer::Impl {
       out.index = c.index;
       out.text = c.final.text;
       out.finish_reason = finish_name(c.final.finish_reason);
+      if (parses_tool_calls(r)) {
+        ParsedToolCalls parsed = parse_tool_calls(tool_call_format, c.final.text);
+        out.null_content = !parsed.content;
+        out.text = parsed.content.value_or("");
+        out.tool_calls = tool_call_results(std::move(parsed.calls), 0);
+        out.finish_reason = finish_reason_of(c.final.finish_reason, !out.tool_calls.empty());
+      }
       out.has_logprobs = r.params.logprobs;
       if (r.params.logprobs) out.logprobs = logprob_entries(c.final.tokens);
       results.push_back(std::move(out));
@@ -823,6 +879,18 @@ struct HttpServer::Impl {
         ChoiceResult out;
         out.index = c.index;
         out.text = chunk->text;
+        if (c.tool_calls) {
+          ToolCallDelta delta = c.tool_calls->feed(chunk->text);
+          if (chunk->finished) {
+            ToolCallDelta rest = c.tool_calls->finish();
+            delta.content += rest.content;
+            for (ParsedToolCall& call : rest.calls)
+              delta.calls.push_back(std::move(call));
+          }
+          out.text = std::move(delta.content);
+          const auto before = static_cast<int32_t>(c.tool_calls->calls() - delta.calls.size());
+          out.tool_calls = tool_call_results(std::move(delta.calls), before);
+        }
         out.has_logprobs = r.params.logprobs;
         if (r.params.logprobs) {
           out.logprobs = logprob_entries(chunk->tokens);
@@ -842,13 +910,14 @@ struct HttpServer::Impl {
             continue;
           }
         }
-        if (!out.text.empty() || !out.logprobs.empty()) {
+        if (!out.text.empty() || !out.logprobs.empty() || !out.tool_calls.empty()) {
           if (!send_event(sink, stream_chunk(r.chat, meta, out, false, usage_for(c)))) return false;
         }
         if (chunk->finished) {
           ChoiceResult end;
           end.index = c.index;
-          end.finish_reason = finish_name(chunk->finish_reason);
+          end.finish_reason =
+              finish_reason_of(chunk->finish_reason, c.tool_calls && c.tool_calls->calls() > 0);
           if (!send_event(sink, stream_chunk(r.chat, meta, end, false, usage_for(c)))) return false;
         }
       }

@@ -27,6 +27,9 @@ struct HttpServerOptions {
   std::optional<std::filesystem::path> chat_template;  // overrides the model's
   // What requests that leave a sampling parameter out get (see GenerationDefaults).
   scheduler::SamplingParams sampling_defaults;
+  // How replies' tool calls are read (tool_call_parser.h): "auto" (from the chat
+  // template), "none", or a format's name.
+  std::string tool_call_parser = "auto";
   size_t max_body_bytes = size_t(32) << 20;
   // Threads for connections (each open one holds a thread: see HttpThreadPool): started
   // at once, and at most.

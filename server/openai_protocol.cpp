@@ -282,6 +282,38 @@ ordered_json normalize_content(const ordered_json& content, size_t index) {
   return text;
 }
 
+// An assistant turn's tool calls as templates take them (as vLLM gives them): each
+// call's arguments, JSON text in OpenAI's API, as the object it holds ({} when empty or
+// absent; text that is not JSON stays text), and no `tool_calls` when the list is empty
+// (Llama 3.1's template refuses an empty one).
+void normalize_tool_calls(ordered_json& message, const std::string& param) {
+  auto calls = message.find("tool_calls");
+  if (calls == message.end() || calls->is_null()) return;
+  if (!calls->is_array()) fail("'tool_calls' must be a list", param + ".tool_calls");
+  if (calls->empty()) {
+    message.erase(calls);
+    return;
+  }
+  for (size_t j = 0; j < calls->size(); ++j) {
+    ordered_json& call = (*calls)[j];
+    const std::string at = param + ".tool_calls[" + std::to_string(j) + "]";
+    if (!call.is_object()) fail("each tool call must be an object", at);
+    auto function = call.find("function");
+    if (function == call.end() || !function->is_object()) {
+      fail("each tool call needs a 'function' object", at + ".function");
+    }
+    ordered_json& arguments = (*function)["arguments"];
+    if (arguments.is_null() ||
+        (arguments.is_string() && arguments.get_ref<const std::string&>().empty())) {
+      arguments = ordered_json::object();
+    } else if (arguments.is_string()) {
+      ordered_json parsed =
+          ordered_json::parse(arguments.get_ref<const std::string&>(), nullptr, false);
+      if (!parsed.is_discarded()) arguments = std::move(parsed);
+    }
+  }
+}
+
 ordered_json parse_messages(const ordered_json& messages) {
   if (!messages.is_array()) fail("'messages' must be a list of messages", "messages");
   if (messages.empty()) fail("'messages' must not be empty", "messages");
@@ -298,6 +330,7 @@ ordered_json parse_messages(const ordered_json& messages) {
            param + ".role");
     }
     ordered_json copy = m;
+    if (name == "assistant") normalize_tool_calls(copy, param);
     auto content = m.find("content");
     if (content == m.end() && name != "assistant") fail("message needs 'content'", param);
     // No content (an assistant turn of tool calls: null, or left out) is empty text, as
@@ -449,6 +482,20 @@ ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
           {"text_offset", std::move(offsets)}};
 }
 
+// A chat choice's tool calls: in a stream chunk, each names its index in the reply.
+ordered_json tool_calls_json(const ChoiceResult& choice, bool delta) {
+  ordered_json calls = ordered_json::array();
+  for (const ToolCallResult& t : choice.tool_calls) {
+    ordered_json call;
+    if (delta) call["index"] = t.index;
+    call["id"] = t.id;
+    call["type"] = "function";
+    call["function"] = {{"name", t.name}, {"arguments", t.arguments}};
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
 ordered_json finish_json(const ChoiceResult& choice) {
   if (choice.finish_reason.empty()) return nullptr;
   return choice.finish_reason;
@@ -526,14 +573,19 @@ CompletionRequest parse_chat_request(const std::string& body_text,
   if (auto v = bool_field(body, "add_generation_prompt")) r.add_generation_prompt = *v;
   r.template_variables_json = template_variables(body);
   if (r.max_tokens_set) check_min_tokens(r.params);
-  // The tools reach the template, and the reply is text: the model may call one or not.
-  // Forcing a call would need constrained decoding, which this server does not do.
+  // The tools reach the template, and the model may call one or not: "auto" (the
+  // default) takes its calls out of the text, "none" leaves the text as it is. Forcing a
+  // call would need constrained decoding, which this server does not do.
+  std::string tool_choice = "auto";
   if (const ordered_json* v = field(body, "tool_choice")) {
     if (!v->is_string() || (v->get<std::string>() != "auto" && v->get<std::string>() != "none")) {
       fail("only 'tool_choice' \"auto\" or \"none\" is supported (no forced tool calls)",
            "tool_choice");
     }
+    tool_choice = v->get<std::string>();
   }
+  const ordered_json* tools = field(body, "tools");
+  r.tool_calls_allowed = tools && !tools->empty() && tool_choice == "auto";
   if (auto v = bool_field(body, "logprobs")) r.params.logprobs = *v;
   if (auto v = int_field(body, "top_logprobs", 0, kMaxTopLogprobs)) {
     if (!r.params.logprobs && *v > 0) {
@@ -576,7 +628,10 @@ std::string completion_response(bool chat, const ResponseMeta& meta,
     ordered_json choice;
     choice["index"] = c.index;
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      ordered_json message = {{"role", "assistant"}};
+      message["content"] = c.null_content ? ordered_json(nullptr) : ordered_json(c.text);
+      if (!c.tool_calls.empty()) message["tool_calls"] = tool_calls_json(c, false);
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = c.text;
     }
@@ -597,7 +652,10 @@ std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult
   if (chat) {
     ordered_json delta = ordered_json::object();
     if (role_delta) delta["role"] = "assistant";
-    if (role_delta || !c.text.empty() || c.finish_reason.empty()) delta["content"] = c.text;
+    if (role_delta || !c.text.empty() || (c.finish_reason.empty() && c.tool_calls.empty())) {
+      delta["content"] = c.text;
+    }
+    if (!c.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(c, true);
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = c.text;

@@ -56,6 +56,9 @@ struct CompletionRequest {
   bool add_generation_prompt = true;
   // Chat: further template variables as a JSON object (tools, chat_template_kwargs).
   std::string template_variables_json;
+  // Chat: the request offers tools and lets the model call them (tool_choice "auto",
+  // the default): the reply's tool calls are taken out of its text.
+  bool tool_calls_allowed = false;
   // Completions: one or more prompts.
   std::vector<PromptInput> prompts;
   scheduler::SamplingParams params;
@@ -110,9 +113,21 @@ class CharacterCounter {
   std::string pending_;  // a valid but incomplete sequence at the end (counted already)
 };
 
+// A function call the model made (see tool_call_parser.h), with the id the reply gives it.
+struct ToolCallResult {
+  int32_t index = 0;  // among the reply's calls
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text
+};
+
 struct ChoiceResult {
   int32_t index = 0;
   std::string text;
+  // Chat, with the model's tool calls taken out of the text: the calls, and whether the
+  // content is null (a reply of calls only).
+  std::vector<ToolCallResult> tool_calls;
+  bool null_content = false;
   std::string finish_reason;  // empty: null (stream chunks before the end)
   bool has_logprobs = false;
   std::vector<TokenLogprobEntry> logprobs;

@@ -26,6 +26,7 @@
 #include "engine/demo_model.h"
 #include "kernels/cpu/kernels.h"
 #include "support/server_process.h"
+#include "support/sse_client.h"
 #include "support/temp_model.h"
 #include "support/test_data.h"
 
@@ -35,6 +36,8 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 using test::metric;
+using test::post_stream;
+using test::Sse;
 
 constexpr const char* kKey = "test-key";
 
@@ -55,46 +58,6 @@ class ServerProcess : public test::ServerProcess {
     return extra;
   }
 };
-
-struct Sse {
-  int status = 0;
-  std::vector<json> events;  // every data payload but [DONE]
-  bool done = false;         // saw data: [DONE]
-};
-
-// POSTs `body` and reads the SSE stream. `stop_after` > 0 hangs up after that many events.
-Sse post_stream(httplib::Client& client, const std::string& path, const json& body,
-                size_t stop_after = 0) {
-  Sse out;
-  std::string buffer;
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.response_handler = [&](const httplib::Response& res) {
-    out.status = res.status;
-    return true;
-  };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    buffer.append(data, n);
-    size_t end;
-    while ((end = buffer.find("\n\n")) != std::string::npos) {
-      const std::string event = buffer.substr(0, end);
-      buffer.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0) continue;  // comments
-      const std::string payload = event.substr(6);
-      if (payload == "[DONE]") {
-        out.done = true;
-      } else {
-        out.events.push_back(json::parse(payload));
-      }
-    }
-    return stop_after == 0 || out.events.size() < stop_after;
-  };
-  client.send(req);
-  return out;
-}
 
 json post_json(httplib::Client& client, const std::string& path, const json& body,
                int expected_status = 200) {
@@ -1455,6 +1418,7 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
                            "--served-model-name",
                            "--chat-template",
                            "--generation-config",
+                           "--tool-call-parser",
                            "--log-level",
                            "--shutdown-timeout",
                            "--backend",
@@ -1467,7 +1431,7 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
        {"--backend tpu", "--port x", "--config /nonexistent.json",
         "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
         "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x", "--generation-config vllm",
-        "--max-waiting 0", "--cpu-matmul avx",
+        "--tool-call-parser qwen", "--max-waiting 0", "--cpu-matmul avx",
         // An empty value (an unset variable in a script) is not "unset":
         // --model '' served the random demo model.
         "--model ''", "--host ''", "--served-model-name ''", "--chat-template ''"}) {

@@ -105,16 +105,57 @@ TEST(OpenAIProtocol, MessagesKeepTheirKeyOrderAndTextPartsAreJoined) {
 }
 
 // An assistant turn of tool calls has no content (null, or left out): templates get empty
-// text, as vLLM gives them, not None (which Qwen3's searches and Llama 3's prints).
+// text, as vLLM gives them, not None (which Qwen3's searches and Llama 3's prints). An
+// empty list of calls is no calls.
 TEST(OpenAIProtocol, MissingOrNullContentIsEmptyText) {
   const CompletionRequest r = parse_chat_request(
       R"({"messages": [{"role": "user", "content": "hi"},
                        {"role": "assistant", "content": null, "tool_calls": []},
                        {"role": "assistant", "tool_calls": []}]})");
-  EXPECT_EQ(r.messages_json,
-            R"([{"role":"user","content":"hi"},{"role":"assistant","content":"","tool_calls":[]},)"
-            R"({"role":"assistant","tool_calls":[],"content":""}])");
+  EXPECT_EQ(r.messages_json, R"([{"role":"user","content":"hi"},{"role":"assistant","content":""},)"
+                             R"({"role":"assistant","content":""}])");
   EXPECT_EQ(chat_error(R"({"messages": [{"role": "user"}]})").param, "messages[0]");
+}
+
+// Templates take a call's arguments as the object its JSON text holds, as vLLM gives them
+// (Llama 3.1's writes them with tojson, which would quote the text).
+TEST(OpenAIProtocol, ToolCallArgumentsReachTemplatesAsObjects) {
+  const CompletionRequest r = parse_chat_request(R"({"messages": [
+      {"role": "user", "content": "hi"},
+      {"role": "assistant", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\": [1]}"}},
+        {"id": "b", "type": "function", "function": {"name": "g", "arguments": ""}},
+        {"id": "c", "type": "function", "function": {"name": "h"}},
+        {"id": "d", "type": "function", "function": {"name": "k", "arguments": "not json"}},
+        {"id": "e", "type": "function", "function": {"name": "m", "arguments": {"y": 2}}}]}]})");
+  const json messages = json::parse(r.messages_json);
+  const json& calls = messages[1]["tool_calls"];
+  EXPECT_EQ(calls[0]["function"]["arguments"], json::parse(R"({"x": [1]})"));
+  EXPECT_EQ(calls[1]["function"]["arguments"], json::object());
+  EXPECT_EQ(calls[2]["function"]["arguments"], json::object());
+  EXPECT_EQ(calls[3]["function"]["arguments"], "not json");
+  EXPECT_EQ(calls[4]["function"]["arguments"], json::parse(R"({"y": 2})"));
+  EXPECT_EQ(calls[0]["id"], "a");
+  auto bad = [](const std::string& calls) {
+    return chat_error(R"({"messages": [{"role": "assistant", "tool_calls": )" + calls + "}]}")
+        .param;
+  };
+  EXPECT_EQ(bad("3"), "messages[0].tool_calls");
+  EXPECT_EQ(bad("[3]"), "messages[0].tool_calls[0]");
+  EXPECT_EQ(bad(R"([{"id": "a"}])"), "messages[0].tool_calls[0].function");
+}
+
+// The reply's tool calls are read when the request offers tools and lets the model
+// choose (tool_choice "auto", the default).
+TEST(OpenAIProtocol, ToolCallsAreReadWhenTheModelMayCallATool) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  EXPECT_TRUE(parse_chat_request(chat_with(tools)).tool_calls_allowed);
+  EXPECT_TRUE(
+      parse_chat_request(chat_with(tools + R"(, "tool_choice": "auto")")).tool_calls_allowed);
+  EXPECT_FALSE(
+      parse_chat_request(chat_with(tools + R"(, "tool_choice": "none")")).tool_calls_allowed);
+  EXPECT_FALSE(parse_chat_request(chat_with(R"("tools": [])")).tool_calls_allowed);
+  EXPECT_FALSE(parse_chat_request(chat_with(R"("max_tokens": 3)")).tool_calls_allowed);
 }
 
 TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
@@ -414,6 +455,29 @@ TEST(OpenAIProtocol, WholeChatResponse) {
   EXPECT_EQ(r["usage"]["completion_tokens"], 2);
   EXPECT_EQ(r["usage"]["total_tokens"], 7);
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+  EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
+}
+
+TEST(OpenAIProtocol, ToolCallsInResponsesAndChunks) {
+  ChoiceResult c;
+  c.null_content = true;
+  c.finish_reason = "tool_calls";
+  c.tool_calls = {{0, "call_1", "f", R"({"a":1})"}, {1, "call_2", "g", "{}"}};
+  const json r = json::parse(completion_response(true, {"chatcmpl-1", 7, "m"}, {c}, {}));
+  const json& message = r["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null());
+  EXPECT_EQ(message["tool_calls"], json::parse(R"([
+      {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}},
+      {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}}])"));
+  // A chunk's calls carry their index; it has no content unless it has text.
+  c.finish_reason.clear();
+  c.tool_calls.erase(c.tool_calls.begin());
+  const json chunk = json::parse(stream_chunk(true, {"chatcmpl-1", 7, "m"}, c, false));
+  EXPECT_EQ(chunk["choices"][0]["delta"], json::parse(R"({"tool_calls": [
+      {"index": 1, "id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]})"));
+  c.text = "ok";
+  const json both = json::parse(stream_chunk(true, {"chatcmpl-1", 7, "m"}, c, false));
+  EXPECT_EQ(both["choices"][0]["delta"]["content"], "ok");
 }
 
 TEST(OpenAIProtocol, WholeCompletionResponseWithLegacyLogprobs) {

@@ -1,5 +1,5 @@
 // The official OpenAI JavaScript client against a running pagellm: chat, streaming chat,
-// text completions, and an error surfaced as the client's own error type.
+// text completions, tool calls, and an error surfaced as the client's own error type.
 // Usage: node client_test.mjs BASE_URL MODEL   (exits non-zero on the first failure)
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -52,6 +52,33 @@ await check('text completion', async () => {
   assert.equal(r.object, 'text_completion');
   assert.equal(typeof r.choices[0].text, 'string');
   assert.equal(r.usage.completion_tokens, 5);
+});
+
+// The served model's token 511 is a whole <tool_call> (run.sh); logit_bias makes it write it.
+const weather = {
+  model, messages: [{ role: 'user', content: 'Weather in Paris?' }], temperature: 0,
+  logit_bias: { 511: 100 }, max_tokens: 2,
+  tools: [{ type: 'function', function: { name: 'get_weather', parameters: {
+    type: 'object', properties: { city: { type: 'string' } } } } }],
+};
+
+await check('tool calls, whole and through the client\'s stream helper', async () => {
+  const r = await client.chat.completions.create(weather);
+  const message = r.choices[0].message;
+  assert.equal(message.content, null);
+  assert.equal(message.tool_calls.length, 2);
+  for (const call of message.tool_calls) {
+    assert.equal(call.type, 'function');
+    assert.equal(call.function.name, 'get_weather');
+    assert.deepEqual(JSON.parse(call.function.arguments), { city: 'Paris' });
+  }
+  const stream = client.chat.completions.stream({ ...weather, stop: ['</tool_call>'], max_tokens: 4 });
+  const final = await stream.finalChatCompletion();
+  assert.equal(final.choices[0].finish_reason, 'tool_calls');
+  const calls = final.choices[0].message.tool_calls;
+  assert.equal(calls.length, 1);
+  assert.match(calls[0].id, /^call_/);
+  assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: 'Paris' });
 });
 
 await check('errors arrive as the client\'s own error types', async () => {

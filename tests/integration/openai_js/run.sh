@@ -22,7 +22,26 @@ fi
 cp "$here/client_test.mjs" "$work/"
 
 model="$work/tiny-model"
-[ -f "$model/config.json" ] || "$binary" demo-model "$model" --preset tiny >/dev/null
+if ! grep -q get_weather "$model/tokenizer.json" 2>/dev/null; then
+  rm -rf "$model" "$model.tmp"
+  "$binary" demo-model "$model.tmp" --preset tiny >/dev/null
+  # The unused token <|pad|> (511) decodes to a whole tool call, and the template teaches
+  # the <tool_call> syntax: with logit_bias the model then calls a tool.
+  node - "$model.tmp" <<'JS'
+const fs = require('fs');
+const dir = process.argv[2];
+const call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+const tokenizer = JSON.parse(fs.readFileSync(`${dir}/tokenizer.json`));
+for (const t of tokenizer.added_tokens) if (t.id === 511) Object.assign(t, { content: call, special: false });
+fs.writeFileSync(`${dir}/tokenizer.json`, JSON.stringify(tokenizer));
+const config = JSON.parse(fs.readFileSync(`${dir}/tokenizer_config.json`));
+Object.assign(config.added_tokens_decoder['511'], { content: call, special: false });
+config.chat_template = '{% if tools %}Tools: {{ tools | tojson }}. Call one in <tool_call></tool_call>.{% endif %}' +
+  config.chat_template;
+fs.writeFileSync(`${dir}/tokenizer_config.json`, JSON.stringify(config));
+JS
+  mv "$model.tmp" "$model"
+fi
 log="$work/server.log"
 "$binary" serve --model "$model" --port 0 --served-model-name tiny >"$log" 2>&1 &
 server=$!

@@ -1,0 +1,203 @@
+// Tool calls end to end: the real server reads the calls a model writes into the reply's
+// `tool_calls`, whole and streamed. The model is the tiny demo model whose unused token
+// <|pad|> decodes to a whole hermes call, and logit_bias makes it write that token.
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support/server_process.h"
+#include "support/sse_client.h"
+#include "support/temp_model.h"
+
+namespace pagellm {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kCall =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+constexpr int kCallToken = 511;  // the demo tokenizer's <|pad|>
+
+// A copy of the tiny model in which token kCallToken is the text kCall, with a template
+// that teaches the <tool_call> syntax.
+class ToolCallModel : public testing::TempDir {
+ public:
+  ToolCallModel() : TempDir("pagellm_tool_calls_test") {
+    std::filesystem::copy(test::tiny_demo_model(), model());
+    json tokenizer = json::parse(test::read_text_file(model() / "tokenizer.json"));
+    for (json& token : tokenizer["added_tokens"]) {
+      if (token["id"] == kCallToken) {
+        token["content"] = kCall;
+        token["special"] = false;
+      }
+    }
+    std::ofstream(model() / "tokenizer.json") << tokenizer.dump();
+    json config = json::parse(test::read_text_file(model() / "tokenizer_config.json"));
+    config["added_tokens_decoder"][std::to_string(kCallToken)]["content"] = kCall;
+    config["added_tokens_decoder"][std::to_string(kCallToken)]["special"] = false;
+    config["chat_template"] =
+        "{% if tools %}<|im_start|>system\nCall a tool as <tool_call>{\"name\": ..., "
+        "\"arguments\": ...}</tool_call>: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, "
+        "'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n";
+    std::ofstream(model() / "tokenizer_config.json") << config.dump();
+  }
+  std::filesystem::path model() const { return path() / "model"; }
+};
+
+const json kTools = json::parse(R"([{"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string"}}}}}])");
+
+// A chat request whose model writes the call token `tokens` times.
+json calling(int tokens, json extra = json::object()) {
+  json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+               {"tools", kTools},
+               {"temperature", 0},
+               {"logit_bias", {{std::to_string(kCallToken), 100}}},
+               {"max_tokens", tokens}};
+  body.update(extra);
+  return body;
+}
+
+json post(httplib::Client& client, const json& body) {
+  auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  EXPECT_TRUE(res);
+  if (!res) return json();
+  EXPECT_EQ(res->status, 200) << res->body;
+  return json::parse(res->body)["choices"][0];
+}
+
+void expect_weather_call(const json& call) {
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u) << call;
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+}
+
+// A stream's single choice, gathered: its content, its calls by index (arguments
+// joined, as clients join them), and its finish reason.
+struct StreamedChoice {
+  std::string content;
+  std::map<int, json> calls;
+  json finish_reason;
+};
+
+StreamedChoice gather(const test::Sse& sse) {
+  StreamedChoice out;
+  for (const json& event : sse.events) {
+    if (event["choices"].empty()) continue;
+    const json& choice = event["choices"][0];
+    const json& delta = choice["delta"];
+    if (delta.contains("content") && delta["content"].is_string()) {
+      out.content += delta["content"].get<std::string>();
+    }
+    for (const json& call : delta.value("tool_calls", json::array())) {
+      json& whole = out.calls[call["index"].get<int>()];
+      if (whole.is_null()) {
+        whole = call;
+        whole.erase("index");
+      } else {
+        whole["function"]["arguments"] = whole["function"]["arguments"].get<std::string>() +
+                                         call["function"]["arguments"].get<std::string>();
+      }
+    }
+    if (!choice["finish_reason"].is_null()) out.finish_reason = choice["finish_reason"];
+  }
+  return out;
+}
+
+TEST(ToolCalls, CallsTheModelWritesComeBackAsToolCalls) {
+  const ToolCallModel model;
+  test::ServerProcess server({"--num-kv-blocks", "64"}, model.model());
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_NE(server.log().find("read as hermes"), std::string::npos) << server.log();
+  httplib::Client client = server.client();
+
+  // Two calls, cut by max_tokens: the reason stays "length".
+  const json two = post(client, calling(2));
+  EXPECT_TRUE(two["message"]["content"].is_null()) << two;
+  ASSERT_EQ(two["message"]["tool_calls"].size(), 2u) << two;
+  expect_weather_call(two["message"]["tool_calls"][0]);
+  expect_weather_call(two["message"]["tool_calls"][1]);
+  EXPECT_NE(two["message"]["tool_calls"][0]["id"], two["message"]["tool_calls"][1]["id"]);
+  EXPECT_EQ(two["finish_reason"], "length");
+
+  // A stop string at the end of the call: it ends for the call.
+  const json one = post(client, calling(4, {{"stop", {"</tool_call>"}}}));
+  ASSERT_EQ(one["message"]["tool_calls"].size(), 1u) << one;
+  expect_weather_call(one["message"]["tool_calls"][0]);
+  EXPECT_EQ(one["finish_reason"], "tool_calls");
+
+  // Streamed: the same calls, each whole in a delta with its index.
+  const StreamedChoice streamed =
+      gather(test::post_stream(client, "/v1/chat/completions", calling(2, {{"stream", true}})));
+  EXPECT_EQ(streamed.content, "");
+  ASSERT_EQ(streamed.calls.size(), 2u);
+  expect_weather_call(streamed.calls.at(0));
+  expect_weather_call(streamed.calls.at(1));
+  EXPECT_EQ(streamed.finish_reason, "length");
+  const StreamedChoice stopped = gather(test::post_stream(
+      client, "/v1/chat/completions", calling(4, {{"stream", true}, {"stop", {"</tool_call>"}}})));
+  ASSERT_EQ(stopped.calls.size(), 1u);
+  EXPECT_EQ(stopped.finish_reason, "tool_calls");
+
+  // tool_choice "none", or no tools: the text as the model wrote it.
+  const std::string both = std::string(kCall) + kCall;
+  for (const json& body : {calling(2, {{"tool_choice", "none"}}), [] {
+                             json b = calling(2);
+                             b.erase("tools");
+                             return b;
+                           }()}) {
+    const json text = post(client, body);
+    EXPECT_EQ(text["message"]["content"], both) << body;
+    EXPECT_FALSE(text["message"].contains("tool_calls")) << text;
+    const StreamedChoice s = gather(test::post_stream(client, "/v1/chat/completions", [&] {
+      json b = body;
+      b["stream"] = true;
+      return b;
+    }()));
+    EXPECT_EQ(s.content, both);
+    EXPECT_TRUE(s.calls.empty());
+  }
+
+  // The call goes back to the model with its arguments as the object they hold.
+  json turn = calling(1);
+  turn["messages"].push_back(
+      {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", two["message"]["tool_calls"]}});
+  turn["messages"].push_back({{"role", "tool"},
+                              {"tool_call_id", two["message"]["tool_calls"][0]["id"]},
+                              {"content", "sunny"}});
+  auto tokenized = client.Post("/tokenize", turn.dump(), "application/json");
+  ASSERT_TRUE(tokenized && tokenized->status == 200);
+  auto text =
+      client.Post("/detokenize", json({{"tokens", json::parse(tokenized->body)["tokens"]}}).dump(),
+                  "application/json");
+  ASSERT_TRUE(text && text->status == 200);
+  EXPECT_NE(text->body.find(R"(\"arguments\": {\"city\": \"Paris\"}})"), std::string::npos)
+      << text->body;
+}
+
+TEST(ToolCalls, ParserNoneLeavesTheText) {
+  const ToolCallModel model;
+  test::ServerProcess server({"--num-kv-blocks", "64", "--tool-call-parser", "none"},
+                             model.model());
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client();
+  const json text = post(client, calling(1));
+  EXPECT_EQ(text["message"]["content"], kCall);
+  EXPECT_FALSE(text["message"].contains("tool_calls"));
+  EXPECT_EQ(text["finish_reason"], "length");
+}
+
+}  // namespace
+}  // namespace pagellm
