@@ -253,12 +253,15 @@ struct HttpServer::Impl {
     return r.chat && r.tool_calls_allowed && tool_call_format != ToolCallFormat::kNone;
   }
 
-  // The calls as the reply gives them, numbered from `first` within the choice.
-  static std::vector<ToolCallResult> tool_call_results(std::vector<ParsedToolCall> calls,
-                                                       int32_t first) {
+  // The calls as the reply gives them, numbered from `first` within the choice. Mistral's
+  // templates refuse, in the next turn, a call id other than 9 letters and digits.
+  std::vector<ToolCallResult> tool_call_results(std::vector<ParsedToolCall> calls,
+                                                int32_t first) const {
     std::vector<ToolCallResult> out;
     for (ParsedToolCall& c : calls) {
-      out.push_back({first++, "call_" + random_hex(24), std::move(c.name), std::move(c.arguments)});
+      std::string id =
+          tool_call_format == ToolCallFormat::kMistral ? random_hex(9) : "call_" + random_hex(24);
+      out.push_back({first++, std::move(id), std::move(c.name), std::move(c.arguments)});
     }
     return out;
   }

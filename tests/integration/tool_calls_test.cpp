@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,22 +26,22 @@ constexpr const char* kCall =
     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 constexpr int kCallToken = 511;  // the demo tokenizer's <|pad|>
 
-// A copy of the tiny model in which token kCallToken is the text kCall, with a template
+// A copy of the tiny model in which token kCallToken is the text `call`, with a template
 // that teaches the <tool_call> syntax.
 class ToolCallModel : public testing::TempDir {
  public:
-  ToolCallModel() : TempDir("pagellm_tool_calls_test") {
+  explicit ToolCallModel(const std::string& call = kCall) : TempDir("pagellm_tool_calls_test") {
     std::filesystem::copy(test::tiny_demo_model(), model());
     json tokenizer = json::parse(test::read_text_file(model() / "tokenizer.json"));
     for (json& token : tokenizer["added_tokens"]) {
       if (token["id"] == kCallToken) {
-        token["content"] = kCall;
+        token["content"] = call;
         token["special"] = false;
       }
     }
     std::ofstream(model() / "tokenizer.json") << tokenizer.dump();
     json config = json::parse(test::read_text_file(model() / "tokenizer_config.json"));
-    config["added_tokens_decoder"][std::to_string(kCallToken)]["content"] = kCall;
+    config["added_tokens_decoder"][std::to_string(kCallToken)]["content"] = call;
     config["added_tokens_decoder"][std::to_string(kCallToken)]["special"] = false;
     config["chat_template"] =
         "{% if tools %}<|im_start|>system\nCall a tool as <tool_call>{\"name\": ..., "
@@ -185,6 +187,28 @@ TEST(ToolCalls, CallsTheModelWritesComeBackAsToolCalls) {
   ASSERT_TRUE(text && text->status == 200);
   EXPECT_NE(text->body.find(R"(\"arguments\": {\"city\": \"Paris\"}})"), std::string::npos)
       << text->body;
+}
+
+// Mistral's calls: a list after [TOOL_CALLS], and ids its template takes back (9 letters
+// and digits).
+TEST(ToolCalls, MistralCallsGetIdsItsTemplateTakes) {
+  const ToolCallModel model(
+      "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+      "{\"name\": \"get_time\", \"arguments\": {}}]");
+  test::ServerProcess server({"--num-kv-blocks", "64", "--tool-call-parser", "mistral"},
+                             model.model());
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client();
+  const json reply = post(client, calling(1));
+  const json& calls = reply["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u) << reply;
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[1]["function"]["name"], "get_time");
+  for (const json& call : calls) {
+    const std::string id = call["id"];
+    EXPECT_EQ(id.size(), 9u) << id;
+    EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(c); })) << id;
+  }
 }
 
 TEST(ToolCalls, ParserNoneLeavesTheText) {
