@@ -1,5 +1,6 @@
 #include "server/tool_call_parser.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "server/json_scan.h"
@@ -163,8 +164,12 @@ void ToolCallStream::take(ToolCallDelta& out) {
     if (in_call_) {
       // hermes closes each call; the others run to the end of the text.
       if (format_ != ToolCallFormat::kHermes) return;
-      const size_t end = pending_.find(kHermesEnd);
-      if (end == std::string::npos) return;
+      // Each byte of a long body is looked at once, not again with every piece.
+      const size_t end = pending_.find(kHermesEnd, searched_);
+      if (end == std::string::npos) {
+        searched_ = pending_.size() - std::min(pending_.size(), kHermesEnd.size() - 1);
+        return;
+      }
       end_call(out, std::string_view(pending_).substr(0, end), kHermesEnd);
       pending_.erase(0, end + kHermesEnd.size());
       continue;
@@ -209,6 +214,7 @@ void ToolCallStream::take(ToolCallDelta& out) {
 void ToolCallStream::end_call(ToolCallDelta& out, std::string_view body,
                               std::string_view end_marker) {
   in_call_ = false;
+  searched_ = 0;
   if (std::optional<std::vector<ParsedToolCall>> calls = calls_in(body)) {
     calls_ += static_cast<int>(calls->size());
     for (ParsedToolCall& c : *calls)

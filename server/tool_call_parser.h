@@ -61,6 +61,7 @@ class ToolCallStream {
   ToolCallFormat format_;
   std::string pending_;      // text not yet placed
   bool in_call_ = false;     // pending_ is a call's body
+  size_t searched_ = 0;      // in a call: where the end marker may start, at the earliest
   std::string call_marker_;  // inside a call: the marker that opened it (it goes back
                              // into the content when the body is not a call)
   std::string blank_;        // whitespace after the content so far, held
