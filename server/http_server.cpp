@@ -636,8 +636,9 @@ struct HttpServer::Impl {
         }
         g.priority = r.priority;
         g.skip_special_tokens = r.skip_special_tokens;
-        // Mistral opens its calls with a special token: the text must keep it.
-        if (parses_tool_calls(r) && tool_call_format == ToolCallFormat::kMistral) {
+        // Mistral's [TOOL_CALLS] is a special token, and so is <tool_call> in some
+        // tokenizers: the text must keep them, as vLLM has it.
+        if (parses_tool_calls(r) && tool_call_format != ToolCallFormat::kLlama3Json) {
           g.skip_special_tokens = false;
         }
         sequences.push_back(std::move(g));

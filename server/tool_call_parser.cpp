@@ -1,6 +1,7 @@
 #include "server/tool_call_parser.h"
 
 #include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 #include "server/json_scan.h"
@@ -55,7 +56,9 @@ std::optional<ParsedToolCall> call_of(const ordered_json& value) {
   if (arguments == value.end()) arguments = value.find("parameters");  // Llama 3's word
   if (arguments == value.end() || arguments->is_null()) {
     call.arguments = "{}";
-  } else if (arguments->is_string()) {
+  } else if (arguments->is_string() &&
+             ordered_json::parse(arguments->get_ref<const std::string&>(), nullptr, false)
+                 .is_object()) {
     call.arguments = arguments->get<std::string>();  // already JSON text, as OpenAI sends it
   } else {
     call.arguments = arguments->dump(-1, ' ', false, json::error_handler_t::replace);
@@ -65,7 +68,7 @@ std::optional<ParsedToolCall> call_of(const ordered_json& value) {
 
 // The calls a body holds: JSON objects, or lists of them, separated by whitespace or
 // ';'. nullopt unless every value is a call and there is at least one.
-std::optional<std::vector<ParsedToolCall>> calls_in(std::string_view body) {
+std::optional<std::vector<ParsedToolCall>> json_calls_in(std::string_view body) {
   std::vector<ParsedToolCall> calls;
   size_t pos = 0;
   while (true) {
@@ -91,6 +94,42 @@ std::optional<std::vector<ParsedToolCall>> calls_in(std::string_view body) {
     pos = end;
   }
   if (calls.empty()) return std::nullopt;
+  return calls;
+}
+
+std::string_view trimmed(std::string_view s) {
+  const size_t first = s.find_first_not_of(kWhitespace);
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(kWhitespace) - first + 1);
+}
+
+// Mistral's tokenizers from v11 on write each call as NAME[ARGS]{...}, and a further
+// call after [TOOL_CALLS] again.
+std::optional<std::vector<ParsedToolCall>> named_calls_in(std::string_view body) {
+  constexpr std::string_view kArgs = "[ARGS]";
+  std::vector<ParsedToolCall> calls;
+  for (size_t pos = 0; pos <= body.size();) {
+    size_t next = body.find(kMistralStart, pos);
+    if (next == std::string_view::npos) next = body.size();
+    const std::string_view one = body.substr(pos, next - pos);
+    pos = next + kMistralStart.size();
+    const size_t args = one.find(kArgs);
+    if (args == std::string_view::npos) return std::nullopt;
+    const std::string_view name = trimmed(one.substr(0, args));
+    const bool plain_name = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+    });
+    if (!plain_name) return std::nullopt;
+    const std::string_view arguments = trimmed(one.substr(args + kArgs.size()));
+    if (arguments.empty() || arguments[0] != '{' ||
+        json_value_end(arguments, 0) != arguments.size()) {
+      return std::nullopt;
+    }
+    const ordered_json value = ordered_json::parse(arguments, nullptr, false);
+    if (value.is_discarded()) return std::nullopt;
+    calls.push_back(
+        {std::string(name), value.dump(-1, ' ', false, json::error_handler_t::replace)});
+  }
   return calls;
 }
 
@@ -120,7 +159,8 @@ const char* tool_call_format_name(ToolCallFormat format) {
 
 ToolCallFormat tool_call_format_of_template(std::string_view source) {
   const auto has = [&](std::string_view s) { return source.find(s) != std::string_view::npos; };
-  if (has(kHermesStart)) return ToolCallFormat::kHermes;
+  // Qwen3-Coder's template teaches <tool_call> around XML (<function=NAME>), not JSON.
+  if (has(kHermesStart)) return has("<function=") ? ToolCallFormat::kNone : ToolCallFormat::kHermes;
   if (has(kMistralStart)) return ToolCallFormat::kMistral;
   // Llama 3.1 and 3.2 name the tag, or describe the object in words.
   if (has(kPythonTag) || has("dictionary of argument name and its value")) {
@@ -215,7 +255,9 @@ void ToolCallStream::end_call(ToolCallDelta& out, std::string_view body,
                               std::string_view end_marker) {
   in_call_ = false;
   searched_ = 0;
-  if (std::optional<std::vector<ParsedToolCall>> calls = calls_in(body)) {
+  std::optional<std::vector<ParsedToolCall>> calls = json_calls_in(body);
+  if (!calls && format_ == ToolCallFormat::kMistral) calls = named_calls_in(body);
+  if (calls) {
     calls_ += static_cast<int>(calls->size());
     for (ParsedToolCall& c : *calls)
       out.calls.push_back(std::move(c));

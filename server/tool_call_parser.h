@@ -6,7 +6,8 @@
 //                anywhere (Qwen 2.5 and 3, Hermes, SmolLM3)
 //   llama3_json  {"name": ..., "parameters": {...}} as the whole reply, several
 //                separated by ';', after an optional <|python_tag|> (Llama 3.1, 3.2)
-//   mistral      [TOOL_CALLS] then a JSON list of {"name", "arguments"} to the end
+//   mistral      [TOOL_CALLS] then a JSON list of {"name", "arguments"} to the end, or
+//                (tokenizers v11 on) [TOOL_CALLS]NAME[ARGS]{...}, once for each call
 // A call whose JSON does not read as one (no string "name", malformed, cut short) stays
 // in the content as the model wrote it, so that nothing the model wrote is lost.
 
@@ -28,7 +29,9 @@ ToolCallFormat tool_call_format_of_template(std::string_view chat_template_sourc
 
 struct ParsedToolCall {
   std::string name;
-  std::string arguments;  // JSON text: the object the model wrote ({} when it wrote none)
+  // JSON text: the object the model wrote ({} when it wrote none; as a JSON string when
+  // it wrote a string that does not hold an object)
+  std::string arguments;
 };
 
 // What a piece of the model's text adds to the reply.

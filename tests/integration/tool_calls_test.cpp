@@ -26,23 +26,24 @@ constexpr const char* kCall =
     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 constexpr int kCallToken = 511;  // the demo tokenizer's <|pad|>
 
-// A copy of the tiny model in which token kCallToken is the text `call`, with a template
-// that teaches the <tool_call> syntax.
+// A copy of the tiny model in which token kCallToken is the text `call` (a special token
+// or not), with a template that teaches the <tool_call> syntax.
 class ToolCallModel : public testing::TempDir {
  public:
-  explicit ToolCallModel(const std::string& call = kCall) : TempDir("pagellm_tool_calls_test") {
+  explicit ToolCallModel(const std::string& call = kCall, bool special = false)
+      : TempDir("pagellm_tool_calls_test") {
     std::filesystem::copy(test::tiny_demo_model(), model());
     json tokenizer = json::parse(test::read_text_file(model() / "tokenizer.json"));
     for (json& token : tokenizer["added_tokens"]) {
       if (token["id"] == kCallToken) {
         token["content"] = call;
-        token["special"] = false;
+        token["special"] = special;
       }
     }
     std::ofstream(model() / "tokenizer.json") << tokenizer.dump();
     json config = json::parse(test::read_text_file(model() / "tokenizer_config.json"));
     config["added_tokens_decoder"][std::to_string(kCallToken)]["content"] = call;
-    config["added_tokens_decoder"][std::to_string(kCallToken)]["special"] = false;
+    config["added_tokens_decoder"][std::to_string(kCallToken)]["special"] = special;
     config["chat_template"] =
         "{% if tools %}<|im_start|>system\nCall a tool as <tool_call>{\"name\": ..., "
         "\"arguments\": ...}</tool_call>: {{ tools | tojson }}<|im_end|>\n{% endif %}"
@@ -148,6 +149,22 @@ TEST(ToolCalls, CallsTheModelWritesComeBackAsToolCalls) {
   expect_weather_call(streamed.calls.at(0));
   expect_weather_call(streamed.calls.at(1));
   EXPECT_EQ(streamed.finish_reason, "length");
+  // Each of n choices numbers its own calls.
+  const test::Sse both_choices =
+      test::post_stream(client, "/v1/chat/completions", calling(1, {{"stream", true}, {"n", 2}}));
+  std::map<int, std::vector<json>> calls_of_choice;
+  for (const json& event : both_choices.events) {
+    for (const json& choice : event["choices"]) {
+      for (const json& call : choice["delta"].value("tool_calls", json::array()))
+        calls_of_choice[choice["index"].get<int>()].push_back(call);
+    }
+  }
+  ASSERT_EQ(calls_of_choice.size(), 2u);
+  for (const auto& [index, calls] : calls_of_choice) {
+    ASSERT_EQ(calls.size(), 1u) << index;
+    EXPECT_EQ(calls[0]["index"], 0);
+    expect_weather_call(calls[0]);
+  }
   const StreamedChoice stopped = gather(test::post_stream(
       client, "/v1/chat/completions", calling(4, {{"stream", true}, {"stop", {"</tool_call>"}}})));
   ASSERT_EQ(stopped.calls.size(), 1u);
@@ -209,6 +226,22 @@ TEST(ToolCalls, MistralCallsGetIdsItsTemplateTakes) {
     EXPECT_EQ(id.size(), 9u) << id;
     EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(c); })) << id;
   }
+}
+
+// Some tokenizers make <tool_call> a special token, which text leaves out by default:
+// with tools, the reply keeps it, so that its calls are read.
+TEST(ToolCalls, CallsInSpecialTokensAreRead) {
+  const ToolCallModel model(kCall, true);
+  test::ServerProcess server({"--num-kv-blocks", "64", "--tool-call-parser", "hermes"},
+                             model.model());
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client();
+  const json reply = post(client, calling(1));
+  ASSERT_EQ(reply["message"]["tool_calls"].size(), 1u) << reply;
+  expect_weather_call(reply["message"]["tool_calls"][0]);
+  json plain = calling(1);
+  plain.erase("tools");
+  EXPECT_EQ(post(client, plain)["message"]["content"], "");  // skipped as special
 }
 
 TEST(ToolCalls, ParserNoneLeavesTheText) {
