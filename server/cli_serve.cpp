@@ -25,6 +25,7 @@
 #include "server/cli.h"
 #include "server/cli_args.h"
 #include "server/http_server.h"
+#include "server/reasoning_parser.h"
 #include "server/tool_call_parser.h"
 
 namespace pagellm::cli {
@@ -75,6 +76,10 @@ constexpr const char* kUsage =
     "                              read into 'tool_calls': auto (default: the syntax the\n"
     "                              chat template teaches), hermes, llama3_json, mistral,\n"
     "                              or none (replies stay text)\n"
+    "  --reasoning-parser P        how a thinking model's <think>...</think> is given\n"
+    "                              apart as 'reasoning': auto (default: when the chat\n"
+    "                              template knows <think>), qwen3 or deepseek_r1 (the\n"
+    "                              same tags), or none (it stays in the content)\n"
     "  --log-level LEVEL           trace, debug, info (default), warn, error\n"
     "  --shutdown-timeout S        seconds requests in flight get to finish after\n"
     "                              SIGINT/SIGTERM before they are aborted (default 30)\n";
@@ -98,6 +103,7 @@ const std::vector<std::string> kOptions = {"--model",
                                            "--chat-template",
                                            "--generation-config",
                                            "--tool-call-parser",
+                                           "--reasoning-parser",
                                            "--log-level",
                                            "--shutdown-timeout"};
 
@@ -120,6 +126,7 @@ struct ServeOptions {
   std::string chat_template;
   std::string generation_config = "auto";
   std::string tool_call_parser = "auto";
+  std::string reasoning_parser = "auto";
   std::string log_level = "info";
   double shutdown_timeout = 30;
 };
@@ -243,6 +250,13 @@ ServeOptions parse_options(const ArgReader& reader) {
           "'");
     }
     o.tool_call_parser = *v;
+  }
+  if (auto v = get("--reasoning-parser")) {
+    if (*v != "auto" && !server::reasoning_format_named(*v)) {
+      throw UsageError("--reasoning-parser must be auto, qwen3, deepseek_r1 or none, not '" + *v +
+                       "'");
+    }
+    o.reasoning_parser = *v;
   }
   if (auto v = get("--log-level")) o.log_level = *v;
   if (auto v = get("--shutdown-timeout")) {
@@ -430,6 +444,7 @@ int run_serve(Args args) {
         !o.served_model_name.empty() ? o.served_model_name : folder.filename().string();
     if (!o.chat_template.empty()) http_options.chat_template = o.chat_template;
     http_options.tool_call_parser = o.tool_call_parser;
+    http_options.reasoning_parser = o.reasoning_parser;
     const engine::GenerationDefaults& defaults = engine->model_config().generation_defaults;
     if (o.generation_config == "auto" && !defaults.empty()) {
       scheduler::SamplingParams& p = http_options.sampling_defaults;

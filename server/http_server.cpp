@@ -21,6 +21,7 @@
 #include "server/http_thread_pool.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/reasoning_parser.h"
 #include "server/tool_call_parser.h"
 
 namespace pagellm::server {
@@ -190,6 +191,10 @@ struct Choice {
   std::shared_ptr<engine::RequestStream> stream;
   bool done = false;
   CharacterCounter logprob_chars;  // characters of the tokens whose logprobs went out
+  // A chat reply that starts inside a thinking model's reasoning (its prompt left <think>
+  // open), and, streamed, the reasoning being given apart.
+  bool starts_in_reasoning = false;
+  std::optional<ReasoningStream> reasoning;
   // Streaming a reply whose tool calls are taken out of its text: the calls sent so far.
   std::optional<ToolCallStream> tool_calls;
   // What has been gathered (engine::merge_chunk): the end (usage, reason, times) and when
@@ -208,6 +213,8 @@ struct HttpServer::Impl {
   std::string chat_template_error;
   // How the served model writes tool calls (kNone: replies stay text).
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+  // Whether thinking models' reasoning is given apart from their answer.
+  ReasoningFormat reasoning_format = ReasoningFormat::kNone;
   engine::ChatRenderOptions render_defaults;
   ServerMetrics metrics;
   httplib::Server http;
@@ -228,7 +235,28 @@ struct HttpServer::Impl {
       spdlog::warn("no chat template: /v1/chat/completions will answer 400 ({})", err.what());
     }
     choose_tool_call_format();
+    choose_reasoning_format();
     routes();
+  }
+
+  void choose_reasoning_format() {
+    if (options.reasoning_parser != "auto") {
+      const std::optional<ReasoningFormat> named = reasoning_format_named(options.reasoning_parser);
+      if (!named)
+        throw std::runtime_error("unknown reasoning parser '" + options.reasoning_parser + "'");
+      reasoning_format = *named;
+      return;
+    }
+    if (chat_template) reasoning_format = reasoning_format_of_template(chat_template->source());
+    if (reasoning_format != ReasoningFormat::kNone) {
+      spdlog::info(
+          "the chat template knows <think>: a reply's reasoning is given apart as 'reasoning' "
+          "(--reasoning-parser none leaves it in the content)");
+    }
+  }
+
+  bool parses_reasoning(const CompletionRequest& r) const {
+    return r.chat && reasoning_format != ReasoningFormat::kNone;
   }
 
   void choose_tool_call_format() {
@@ -541,8 +569,9 @@ struct HttpServer::Impl {
     return *chat_template;
   }
 
-  // Token ids of every prompt of the request.
-  std::vector<std::vector<int32_t>> prompt_tokens(const CompletionRequest& r) const {
+  // Token ids of every prompt of the request; for chat, the rendered prompt in `rendered`.
+  std::vector<std::vector<int32_t>> prompt_tokens(const CompletionRequest& r,
+                                                  std::string* rendered = nullptr) const {
     std::vector<std::vector<int32_t>> prompts;
     if (r.chat) {
       const std::string text =
@@ -550,6 +579,7 @@ struct HttpServer::Impl {
                              r.add_generation_prompt, r.template_variables_json);
       // The template writes the special tokens (BOS) itself.
       prompts.push_back(tokenizer->encode(text, r.add_special_tokens.value_or(false)));
+      if (rendered) *rendered = text;
     } else {
       for (const PromptInput& p : r.prompts) {
         prompts.push_back(p.text ? tokenizer->encode(*p.text, r.add_special_tokens.value_or(true))
@@ -603,7 +633,9 @@ struct HttpServer::Impl {
           "'priority' needs the server to run with --scheduling-policy priority", "priority"));
     }
     if (draining) throw ApiException(error_for_status(503, "the server is shutting down"));
-    const auto prompts = prompt_tokens(r);
+    std::string rendered;
+    const auto prompts = prompt_tokens(r, &rendered);
+    const bool starts_in_reasoning = parses_reasoning(r) && prompt_opens_reasoning(rendered);
     // A prompt that fills the context is at fault whatever max_tokens asks for; checked
     // before anything is submitted.
     for (const auto& prompt : prompts) {
@@ -644,6 +676,8 @@ struct HttpServer::Impl {
         sequences.push_back(std::move(g));
         Choice c;
         c.index = index;
+        c.starts_in_reasoning = starts_in_reasoning;
+        if (r.stream && parses_reasoning(r)) c.reasoning.emplace(starts_in_reasoning);
         if (r.stream && parses_tool_calls(r)) c.tool_calls.emplace(tool_call_format);
         c.prompt_index = static_cast<int32_t>(p);
         c.prompt_tokens = static_cast<int64_t>(prompts[p].size());
@@ -774,9 +808,16 @@ struct HttpServer::Impl {
       out.index = c.index;
       out.text = c.final.text;
       out.finish_reason = finish_name(c.final.finish_reason);
+      if (parses_reasoning(r)) {
+        ReasoningDelta split = split_reasoning(c.starts_in_reasoning, c.final.text);
+        // A reply of reasoning only has no content, as in vLLM.
+        out.null_content = split.content.empty() && !split.reasoning.empty();
+        out.text = std::move(split.content);
+        if (r.include_reasoning) out.reasoning = std::move(split.reasoning);
+      }
       if (parses_tool_calls(r)) {
-        ParsedToolCalls parsed = parse_tool_calls(tool_call_format, c.final.text);
-        out.null_content = !parsed.content;
+        ParsedToolCalls parsed = parse_tool_calls(tool_call_format, out.text);
+        out.null_content = !parsed.content || (parsed.content->empty() && out.null_content);
         out.text = parsed.content.value_or("");
         out.tool_calls = tool_call_results(std::move(parsed.calls), 0);
         out.finish_reason = finish_reason_of(c.final.finish_reason, !out.tool_calls.empty());
@@ -883,8 +924,18 @@ struct HttpServer::Impl {
         ChoiceResult out;
         out.index = c.index;
         out.text = chunk->text;
+        if (c.reasoning) {
+          ReasoningDelta split = c.reasoning->feed(out.text);
+          if (chunk->finished) {
+            ReasoningDelta rest = c.reasoning->finish();
+            split.reasoning += rest.reasoning;
+            split.content += rest.content;
+          }
+          out.text = std::move(split.content);
+          if (r.include_reasoning) out.reasoning = std::move(split.reasoning);
+        }
         if (c.tool_calls) {
-          ToolCallDelta delta = c.tool_calls->feed(chunk->text);
+          ToolCallDelta delta = c.tool_calls->feed(out.text);
           if (chunk->finished) {
             ToolCallDelta rest = c.tool_calls->finish();
             delta.content += rest.content;
@@ -914,7 +965,8 @@ struct HttpServer::Impl {
             continue;
           }
         }
-        if (!out.text.empty() || !out.logprobs.empty() || !out.tool_calls.empty()) {
+        if (!out.text.empty() || !out.logprobs.empty() || !out.tool_calls.empty() ||
+            !out.reasoning.empty()) {
           if (!send_event(sink, stream_chunk(r.chat, meta, out, false, usage_for(c)))) return false;
         }
         if (chunk->finished) {

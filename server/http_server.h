@@ -30,6 +30,9 @@ struct HttpServerOptions {
   // How replies' tool calls are read (tool_call_parser.h): "auto" (from the chat
   // template), "none", or a format's name.
   std::string tool_call_parser = "auto";
+  // How thinking models' reasoning is given apart (reasoning_parser.h): "auto" (when the
+  // chat template knows <think>), "none", "qwen3" or "deepseek_r1".
+  std::string reasoning_parser = "auto";
   size_t max_body_bytes = size_t(32) << 20;
   // Threads for connections (each open one holds a thread: see HttpThreadPool): started
   // at once, and at most.

@@ -330,7 +330,13 @@ ordered_json parse_messages(const ordered_json& messages) {
            param + ".role");
     }
     ordered_json copy = m;
-    if (name == "assistant") normalize_tool_calls(copy, param);
+    if (name == "assistant") {
+      normalize_tool_calls(copy, param);
+      // Templates (Qwen3's) read an earlier turn's reasoning as reasoning_content.
+      if (auto r = m.find("reasoning"); r != m.end() && !m.contains("reasoning_content")) {
+        copy["reasoning_content"] = *r;
+      }
+    }
     auto content = m.find("content");
     if (content == m.end() && name != "assistant") fail("message needs 'content'", param);
     // No content (an assistant turn of tool calls: null, or left out) is empty text, as
@@ -482,6 +488,14 @@ ordered_json logprobs_json(bool chat, const ChoiceResult& choice) {
           {"text_offset", std::move(offsets)}};
 }
 
+// A thinking model's reasoning, under both names clients read: vLLM's and OpenAI's
+// `reasoning`, and DeepSeek's `reasoning_content` (llama.cpp's server, the AI SDK).
+void add_reasoning(ordered_json& message, const ChoiceResult& choice) {
+  if (choice.reasoning.empty()) return;
+  message["reasoning"] = choice.reasoning;
+  message["reasoning_content"] = choice.reasoning;
+}
+
 // A chat choice's tool calls: in a stream chunk, each names its index in the reply.
 ordered_json tool_calls_json(const ChoiceResult& choice, bool delta) {
   ordered_json calls = ordered_json::array();
@@ -586,6 +600,7 @@ CompletionRequest parse_chat_request(const std::string& body_text,
   }
   const ordered_json* tools = field(body, "tools");
   r.tool_calls_allowed = tools && !tools->empty() && tool_choice == "auto";
+  if (auto v = bool_field(body, "include_reasoning")) r.include_reasoning = *v;
   if (auto v = bool_field(body, "logprobs")) r.params.logprobs = *v;
   if (auto v = int_field(body, "top_logprobs", 0, kMaxTopLogprobs)) {
     if (!r.params.logprobs && *v > 0) {
@@ -630,6 +645,7 @@ std::string completion_response(bool chat, const ResponseMeta& meta,
     if (chat) {
       ordered_json message = {{"role", "assistant"}};
       message["content"] = c.null_content ? ordered_json(nullptr) : ordered_json(c.text);
+      add_reasoning(message, c);
       if (!c.tool_calls.empty()) message["tool_calls"] = tool_calls_json(c, false);
       choice["message"] = std::move(message);
     } else {
@@ -652,9 +668,11 @@ std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult
   if (chat) {
     ordered_json delta = ordered_json::object();
     if (role_delta) delta["role"] = "assistant";
-    if (role_delta || !c.text.empty() || (c.finish_reason.empty() && c.tool_calls.empty())) {
+    if (role_delta || !c.text.empty() ||
+        (c.finish_reason.empty() && c.tool_calls.empty() && c.reasoning.empty())) {
       delta["content"] = c.text;
     }
+    add_reasoning(delta, c);
     if (!c.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(c, true);
     choice["delta"] = std::move(delta);
   } else {

@@ -59,6 +59,8 @@ struct CompletionRequest {
   // Chat: the request offers tools and lets the model call them (tool_choice "auto",
   // the default): the reply's tool calls are taken out of its text.
   bool tool_calls_allowed = false;
+  // Chat: whether the reply gives the model's reasoning (vLLM's include_reasoning).
+  bool include_reasoning = true;
   // Completions: one or more prompts.
   std::vector<PromptInput> prompts;
   scheduler::SamplingParams params;
@@ -128,6 +130,8 @@ struct ChoiceResult {
   // content is null (a reply of calls only).
   std::vector<ToolCallResult> tool_calls;
   bool null_content = false;
+  // Chat, from a thinking model: its reasoning, apart from the content.
+  std::string reasoning;
   std::string finish_reason;  // empty: null (stream chunks before the end)
   bool has_logprobs = false;
   std::vector<TokenLogprobEntry> logprobs;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/json_scan.h"
+#include "server/text_markers.h"
 
 namespace pagellm::server {
 namespace {
@@ -12,7 +13,6 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-constexpr std::string_view kWhitespace = " \t\r\n";
 constexpr std::string_view kHermesStart = "<tool_call>";
 constexpr std::string_view kHermesEnd = "</tool_call>";
 constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
@@ -20,18 +20,6 @@ constexpr std::string_view kPythonTag = "<|python_tag|>";
 // Arrays and objects in a call nest at most this deep (its JSON is parsed and written
 // back, recursively); deeper, it stays text.
 constexpr int kMaxDepth = 128;
-
-bool starts_with(std::string_view text, std::string_view prefix) {
-  return text.substr(0, prefix.size()) == prefix;
-}
-
-// The length of the longest end of `text` that `marker` starts with (and is shorter).
-size_t partial_marker(std::string_view text, std::string_view marker) {
-  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
-  }
-  return 0;
-}
 
 // Where the JSON array or object that opens at `begin` ends (one past its closing
 // bracket), outside strings; npos when it does not close or nests past kMaxDepth.
@@ -220,14 +208,14 @@ void ToolCallStream::take(ToolCallDelta& out) {
       add_content(out, std::string_view(pending_).substr(0, first));
       pending_.erase(0, first);
       if (pending_.empty()) return;
-      if (starts_with(pending_, kPythonTag)) {
+      if (pending_.starts_with(kPythonTag)) {
         call_marker_ = kPythonTag;
         pending_.erase(0, kPythonTag.size());
         in_call_ = true;
       } else if (pending_[0] == '{') {
         call_marker_.clear();  // the brace is the call's own
         in_call_ = true;
-      } else if (starts_with(kPythonTag, pending_)) {
+      } else if (kPythonTag.starts_with(pending_)) {
         return;  // maybe the tag, cut
       } else {
         plain_ = true;

@@ -1419,6 +1419,7 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
                            "--chat-template",
                            "--generation-config",
                            "--tool-call-parser",
+                           "--reasoning-parser",
                            "--log-level",
                            "--shutdown-timeout",
                            "--backend",
@@ -1431,7 +1432,7 @@ TEST(ServeCli, HelpListsTheOptionsAndBadValuesAreRefused) {
        {"--backend tpu", "--port x", "--config /nonexistent.json",
         "--num-kv-blocks 4 --kv-cache-bytes 100000", "--scheduling-policy lifo",
         "--gpu-memory-utilization 1.5", "--gpu-memory-utilization x", "--generation-config vllm",
-        "--tool-call-parser qwen", "--max-waiting 0", "--cpu-matmul avx",
+        "--tool-call-parser qwen", "--reasoning-parser o1", "--max-waiting 0", "--cpu-matmul avx",
         // An empty value (an unset variable in a script) is not "unset":
         // --model '' served the random demo model.
         "--model ''", "--host ''", "--served-model-name ''", "--chat-template ''"}) {

@@ -458,6 +458,39 @@ TEST(OpenAIProtocol, WholeChatResponse) {
   EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
 }
 
+TEST(OpenAIProtocol, ReasoningInResponsesAndChunks) {
+  ChoiceResult c;
+  c.text = "4";
+  c.reasoning = "2+2";
+  const json r = json::parse(completion_response(true, {"chatcmpl-1", 7, "m"}, {c}, {}));
+  EXPECT_EQ(r["choices"][0]["message"],
+            json::parse(R"({"role": "assistant", "content": "4", "reasoning": "2+2",
+                            "reasoning_content": "2+2"})"));
+  c.text.clear();
+  const json chunk = json::parse(stream_chunk(true, {"chatcmpl-1", 7, "m"}, c, false));
+  EXPECT_EQ(chunk["choices"][0]["delta"],
+            json::parse(R"({"reasoning": "2+2", "reasoning_content": "2+2"})"));
+  // Without reasoning, neither key.
+  c.reasoning.clear();
+  c.text = "x";
+  EXPECT_FALSE(
+      json::parse(completion_response(true, {"c", 1, "m"}, {c}, {}))["choices"][0]["message"]
+          .contains("reasoning"));
+}
+
+TEST(OpenAIProtocol, EarlierReasoningReachesTemplatesAsReasoningContent) {
+  const CompletionRequest r = parse_chat_request(R"({"messages": [
+      {"role": "assistant", "content": "a", "reasoning": "r1"},
+      {"role": "assistant", "content": "b", "reasoning": "r2", "reasoning_content": "own"}],
+      "include_reasoning": false})");
+  const json messages = json::parse(r.messages_json);
+  EXPECT_EQ(messages[0]["reasoning_content"], "r1");
+  EXPECT_EQ(messages[1]["reasoning_content"], "own");
+  EXPECT_FALSE(r.include_reasoning);
+  EXPECT_TRUE(parse_chat_request(chat_with(R"("max_tokens": 1)")).include_reasoning);
+  EXPECT_EQ(chat_error(chat_with(R"("include_reasoning": 1)")).param, "include_reasoning");
+}
+
 TEST(OpenAIProtocol, ToolCallsInResponsesAndChunks) {
   ChoiceResult c;
   c.null_content = true;

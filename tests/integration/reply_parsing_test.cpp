@@ -1,6 +1,7 @@
-// Tool calls end to end: the real server reads the calls a model writes into the reply's
-// `tool_calls`, whole and streamed. The model is the tiny demo model whose unused token
-// <|pad|> decodes to a whole hermes call, and logit_bias makes it write that token.
+// Tool calls and reasoning end to end: the real server reads the calls a model writes
+// into the reply's `tool_calls`, and a thinking model's <think> block into `reasoning`,
+// whole and streamed. The model is the tiny demo model whose unused token <|pad|> decodes
+// to a whole reply (a hermes call, a think block, ...), and logit_bias makes it write it.
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -26,11 +27,29 @@ constexpr const char* kCall =
     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 constexpr int kCallToken = 511;  // the demo tokenizer's <|pad|>
 
+// A template that teaches the <tool_call> syntax, and gives earlier turns' reasoning
+// back when `thinking` (and then knows <think>); with `prompt_thinks`, the generation
+// prompt opens <think>, as DeepSeek-R1's does.
+std::string chat_template(bool thinking = false, bool prompt_thinks = false) {
+  return std::string(
+             "{% if tools %}<|im_start|>system\nCall a tool as <tool_call>{\"name\": ..., "
+             "\"arguments\": ...}</tool_call>: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+             "{% for m in messages %}<|im_start|>{{ m.role }}\n") +
+         (thinking ? "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>"
+                     "{% endif %}"
+                   : "") +
+         "{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': "
+         "c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>"
+         "{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n" +
+         (prompt_thinks ? "<think>\n" : "");
+}
+
 // A copy of the tiny model in which token kCallToken is the text `call` (a special token
-// or not), with a template that teaches the <tool_call> syntax.
+// or not), with `chat_template`.
 class ToolCallModel : public testing::TempDir {
  public:
-  explicit ToolCallModel(const std::string& call = kCall, bool special = false)
+  explicit ToolCallModel(const std::string& call = kCall, bool special = false,
+                         const std::string& chat_template = ::pagellm::chat_template())
       : TempDir("pagellm_tool_calls_test") {
     std::filesystem::copy(test::tiny_demo_model(), model());
     json tokenizer = json::parse(test::read_text_file(model() / "tokenizer.json"));
@@ -44,13 +63,7 @@ class ToolCallModel : public testing::TempDir {
     json config = json::parse(test::read_text_file(model() / "tokenizer_config.json"));
     config["added_tokens_decoder"][std::to_string(kCallToken)]["content"] = call;
     config["added_tokens_decoder"][std::to_string(kCallToken)]["special"] = special;
-    config["chat_template"] =
-        "{% if tools %}<|im_start|>system\nCall a tool as <tool_call>{\"name\": ..., "
-        "\"arguments\": ...}</tool_call>: {{ tools | tojson }}<|im_end|>\n{% endif %}"
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-        "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, "
-        "'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
-        "{% endfor %}<|im_start|>assistant\n";
+    config["chat_template"] = chat_template;
     std::ofstream(model() / "tokenizer_config.json") << config.dump();
   }
   std::filesystem::path model() const { return path() / "model"; }
@@ -242,6 +255,74 @@ TEST(ToolCalls, CallsInSpecialTokensAreRead) {
   json plain = calling(1);
   plain.erase("tools");
   EXPECT_EQ(post(client, plain)["message"]["content"], "");  // skipped as special
+}
+
+// A thinking model's <think> block comes back as `reasoning` (and `reasoning_content`),
+// whole and streamed, its calls as tool_calls; include_reasoning false leaves it out.
+TEST(Reasoning, ThinkingComesBackApartFromTheAnswer) {
+  const ToolCallModel model("<think>\nI need the weather.\n</think>\n\n" + std::string(kCall),
+                            false, chat_template(true));
+  test::ServerProcess server({"--num-kv-blocks", "64"}, model.model());
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_NE(server.log().find("knows <think>"), std::string::npos) << server.log();
+  httplib::Client client = server.client();
+
+  const json reply = post(client, calling(1));
+  EXPECT_EQ(reply["message"]["reasoning"], "I need the weather.") << reply;
+  EXPECT_EQ(reply["message"]["reasoning_content"], "I need the weather.");
+  EXPECT_TRUE(reply["message"]["content"].is_null());
+  ASSERT_EQ(reply["message"]["tool_calls"].size(), 1u);
+  expect_weather_call(reply["message"]["tool_calls"][0]);
+  EXPECT_EQ(reply["finish_reason"], "length");
+
+  // Streamed: the reasoning in deltas of its own, then the call.
+  const test::Sse sse =
+      test::post_stream(client, "/v1/chat/completions", calling(1, {{"stream", true}}));
+  std::string reasoning;
+  for (const json& event : sse.events) {
+    for (const json& choice : event["choices"])
+      reasoning += choice["delta"].value("reasoning", "");
+  }
+  EXPECT_EQ(reasoning, "I need the weather.");
+  const StreamedChoice streamed = gather(sse);
+  EXPECT_EQ(streamed.content, "");
+  ASSERT_EQ(streamed.calls.size(), 1u);
+
+  // Without tools, the call is text after the reasoning.
+  json plain = calling(1, {{"include_reasoning", false}});
+  plain.erase("tools");
+  const json text = post(client, plain);
+  EXPECT_EQ(text["message"]["content"], kCall);
+  EXPECT_FALSE(text["message"].contains("reasoning"));
+
+  // An earlier turn's reasoning reaches the template as reasoning_content.
+  json turn = calling(1);
+  turn["messages"].push_back(
+      {{"role", "assistant"}, {"content", "Sunny."}, {"reasoning", "Looked it up."}});
+  auto tokenized = client.Post("/tokenize", turn.dump(), "application/json");
+  ASSERT_TRUE(tokenized && tokenized->status == 200);
+  auto prompt =
+      client.Post("/detokenize", json({{"tokens", json::parse(tokenized->body)["tokens"]}}).dump(),
+                  "application/json");
+  ASSERT_TRUE(prompt && prompt->status == 200);
+  EXPECT_NE(prompt->body.find("<think>Looked it up.</think>Sunny."), std::string::npos)
+      << prompt->body;
+}
+
+// DeepSeek-R1's template opens <think> in the prompt: the reply starts in its reasoning.
+TEST(Reasoning, APromptThatOpensThinkStartsTheReplyInIt) {
+  const ToolCallModel model("Two and two.\n</think>\n\nFour.", false, chat_template(true, true));
+  test::ServerProcess server({"--num-kv-blocks", "64"}, model.model());
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client client = server.client();
+  json body = calling(1);
+  body.erase("tools");
+  const json reply = post(client, body);
+  EXPECT_EQ(reply["message"]["reasoning"], "Two and two.") << reply;
+  EXPECT_EQ(reply["message"]["content"], "Four.");
+  body["stream"] = true;
+  const StreamedChoice streamed = gather(test::post_stream(client, "/v1/chat/completions", body));
+  EXPECT_EQ(streamed.content, "Four.");
 }
 
 TEST(ToolCalls, ParserNoneLeavesTheText) {

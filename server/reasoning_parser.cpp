@@ -1,0 +1,135 @@
+#include "server/reasoning_parser.h"
+
+#include <algorithm>
+
+#include "server/text_markers.h"
+
+namespace pagellm::server {
+namespace {
+
+constexpr std::string_view kOpen = "<think>";
+constexpr std::string_view kClose = "</think>";
+
+}  // namespace
+
+std::optional<ReasoningFormat> reasoning_format_named(std::string_view name) {
+  if (name == "none") return ReasoningFormat::kNone;
+  if (name == "qwen3" || name == "deepseek_r1") return ReasoningFormat::kThink;
+  return std::nullopt;
+}
+
+ReasoningFormat reasoning_format_of_template(std::string_view source) {
+  return source.find(kOpen) != std::string_view::npos ? ReasoningFormat::kThink
+                                                      : ReasoningFormat::kNone;
+}
+
+bool prompt_opens_reasoning(std::string_view prompt) {
+  const size_t last = prompt.find_last_not_of(kWhitespace);
+  if (last == std::string_view::npos) return false;
+  return prompt.substr(0, last + 1).ends_with(kOpen);
+}
+
+ReasoningDelta split_reasoning(bool starts_in_reasoning, std::string_view text) {
+  ReasoningStream stream(starts_in_reasoning);
+  ReasoningDelta all = stream.feed(text);
+  const ReasoningDelta end = stream.finish();
+  all.reasoning += end.reasoning;
+  all.content += end.content;
+  return all;
+}
+
+ReasoningStream::ReasoningStream(bool starts_in_reasoning)
+    : state_(starts_in_reasoning ? State::kReasoning : State::kStart) {}
+
+ReasoningDelta ReasoningStream::feed(std::string_view text) {
+  ReasoningDelta out;
+  pending_ += text;
+  take(out);
+  return out;
+}
+
+ReasoningDelta ReasoningStream::finish() {
+  ReasoningDelta out;
+  take(out);
+  if (state_ == State::kReasoning) {
+    add_reasoning(out, pending_);  // cut short: a partial </think> is reasoning after all
+  } else if (state_ == State::kStart) {
+    out.content += blank_ + pending_;  // whitespace, or a partial <think>: the answer
+  }
+  pending_.clear();
+  blank_.clear();
+  return out;
+}
+
+void ReasoningStream::take(ReasoningDelta& out) {
+  while (!pending_.empty()) {
+    switch (state_) {
+      case State::kStart: {
+        // A reply may open with <think>, after whitespace; anything else is the answer.
+        const size_t first = std::min(pending_.find_first_not_of(kWhitespace), pending_.size());
+        blank_.append(pending_, 0, first);
+        pending_.erase(0, first);
+        if (pending_.empty()) return;
+        if (pending_.starts_with(kOpen)) {
+          pending_.erase(0, kOpen.size());
+          blank_.clear();
+          state_ = State::kReasoning;
+        } else if (kOpen.starts_with(pending_)) {
+          return;  // maybe <think>, cut
+        } else {
+          out.content += blank_;
+          blank_.clear();
+          state_ = State::kAnswer;
+        }
+        break;
+      }
+      case State::kReasoning: {
+        const size_t close = pending_.find(kClose);
+        if (close != std::string::npos) {
+          add_reasoning(out, std::string_view(pending_).substr(0, close));
+          pending_.erase(0, close + kClose.size());
+          blank_.clear();  // the whitespace at the reasoning's end
+          state_ = State::kAfterReasoning;
+          break;
+        }
+        const size_t sure = pending_.size() - partial_marker(pending_, kClose);
+        add_reasoning(out, std::string_view(pending_).substr(0, sure));
+        pending_.erase(0, sure);
+        return;
+      }
+      case State::kAfterReasoning: {
+        const size_t first = pending_.find_first_not_of(kWhitespace);
+        if (first == std::string::npos) {
+          pending_.clear();
+          return;
+        }
+        pending_.erase(0, first);
+        state_ = State::kAnswer;
+        break;
+      }
+      case State::kAnswer:
+        out.content += pending_;
+        pending_.clear();
+        return;
+    }
+  }
+}
+
+void ReasoningStream::add_reasoning(ReasoningDelta& out, std::string_view text) {
+  const size_t last = text.find_last_not_of(kWhitespace);
+  if (last == std::string_view::npos) {
+    if (reasoning_started_) blank_ += text;  // leading whitespace is dropped
+    return;
+  }
+  if (!reasoning_started_) {
+    text.remove_prefix(text.find_first_not_of(kWhitespace));
+    reasoning_started_ = true;
+  } else {
+    out.reasoning += blank_;
+  }
+  const size_t end = text.find_last_not_of(kWhitespace) + 1;
+  out.reasoning += text.substr(0, end);
+  blank_ = text.substr(end);
+}
+
+}  // namespace pagellm::server
