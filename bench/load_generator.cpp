@@ -136,6 +136,27 @@ bool warmup_repeats_run_prompts(const WorkloadOptions& run, int count) {
   return count > 0 && size > 0 && static_cast<size_t>(std::max(run.num_requests, 0)) >= size;
 }
 
+bool chunk_has_output(const nlohmann::json& chunk) {
+  auto non_empty = [](const nlohmann::json& object, const char* key) {
+    auto it = object.find(key);
+    if (it == object.end()) return false;
+    if (it->is_string()) return !it->get_ref<const std::string&>().empty();
+    return it->is_array() && !it->empty();
+  };
+  auto choices = chunk.find("choices");
+  if (choices == chunk.end() || !choices->is_array()) return false;
+  for (const nlohmann::json& c : *choices) {
+    if (!c.is_object()) continue;
+    if (non_empty(c, "text")) return true;
+    auto delta = c.find("delta");
+    if (delta == c.end() || !delta->is_object()) continue;
+    for (const char* key : {"content", "reasoning", "reasoning_content", "tool_calls"}) {
+      if (non_empty(*delta, key)) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<double> arrival_times(int count, double rate, double burstiness, uint64_t seed) {
   std::vector<double> times(std::max(count, 0), 0.0);
   if (!(rate > 0) || std::isinf(rate)) return times;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -87,6 +88,11 @@ struct LatencySummary {
 LatencySummary summarize(const std::vector<double>& values);
 
 // ---- Server-Sent Events ----
+
+// Whether a streamed chunk carries output of the model, which TTFT and ITL time: text
+// (completions), content, reasoning (a thinking model's, under vLLM's or DeepSeek's
+// name) or tool calls (chat), as vLLM's benchmark counts it.
+bool chunk_has_output(const nlohmann::json& chunk);
 
 // Splits a byte stream into events and returns the `data:` payload of each complete one
 // (multi-line data joined with '\n'). Chunks may split anywhere, even inside "\r\n".

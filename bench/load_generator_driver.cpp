@@ -162,20 +162,7 @@ RequestResult send_request(httplib::Client& client, const Target& target, const 
         if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number())
           usage_input = u["prompt_tokens"].get<int>();
       }
-      bool has_content = false;
-      if (chunk.contains("choices") && chunk["choices"].is_array()) {
-        for (const json& c : chunk["choices"]) {
-          if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty())
-            has_content = true;
-          if (c.contains("delta") && c["delta"].is_object()) {
-            const json& d = c["delta"];
-            if (d.contains("content") && d["content"].is_string() &&
-                !d["content"].get<std::string>().empty())
-              has_content = true;
-          }
-        }
-      }
-      if (!has_content) continue;
+      if (!chunk_has_output(chunk)) continue;
       if (chunks == 0) {
         result.ttft_s = std::chrono::duration<double>(now - start).count();
       } else {

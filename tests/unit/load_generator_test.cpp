@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 
@@ -253,6 +254,21 @@ TEST(SseParserTest, EventsSurviveAnySplit) {
   const std::vector<std::string> expected = {"{\"a\":1}", "two\nlines", "[DONE]"};
   for (size_t piece : {1, 2, 3, 5, 7, 1000})
     EXPECT_EQ(feed_in_pieces(stream, piece), expected) << "piece " << piece;
+}
+
+// A thinking model streams its reasoning first, and a tool call has no content: both are
+// output the first token's time counts, as vLLM's benchmark has it.
+TEST(SseParserTest, ChunksWithReasoningOrToolCallsCarryOutput) {
+  auto has = [](const char* chunk) { return chunk_has_output(nlohmann::json::parse(chunk)); };
+  EXPECT_TRUE(has(R"({"choices": [{"text": "a"}]})"));
+  EXPECT_TRUE(has(R"({"choices": [{"delta": {"content": "a"}}]})"));
+  EXPECT_TRUE(has(R"({"choices": [{"delta": {"reasoning": "hm"}}]})"));
+  EXPECT_TRUE(has(R"({"choices": [{"delta": {"reasoning_content": "hm"}}]})"));
+  EXPECT_TRUE(has(R"({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]})"));
+  EXPECT_FALSE(has(R"({"choices": [{"delta": {"role": "assistant", "content": ""}}]})"));
+  EXPECT_FALSE(has(R"({"choices": [{"delta": {}, "finish_reason": "stop"}]})"));
+  EXPECT_FALSE(has(R"({"choices": [], "usage": {"completion_tokens": 3}})"));
+  EXPECT_FALSE(has(R"({"choices": [{"delta": {"content": null, "tool_calls": []}}]})"));
 }
 
 TEST(PrometheusParseTest, ReadsNamesAfterTheNamespaceSummedOverLabels) {
