@@ -78,8 +78,9 @@ constexpr const char* kUsage =
     "                              or none (replies stay text)\n"
     "  --reasoning-parser P        how a thinking model's <think>...</think> is given\n"
     "                              apart as 'reasoning': auto (default: when the chat\n"
-    "                              template knows <think>), qwen3 or deepseek_r1 (the\n"
-    "                              same tags), or none (it stays in the content)\n"
+    "                              template knows <think>), qwen3, deepseek_r1 (replies\n"
+    "                              start in their reasoning unless the prompt closed it),\n"
+    "                              or none (it stays in the content)\n"
     "  --log-level LEVEL           trace, debug, info (default), warn, error\n"
     "  --shutdown-timeout S        seconds requests in flight get to finish after\n"
     "                              SIGINT/SIGTERM before they are aborted (default 30)\n";

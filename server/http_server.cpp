@@ -215,6 +215,8 @@ struct HttpServer::Impl {
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
   // Whether thinking models' reasoning is given apart from their answer.
   ReasoningFormat reasoning_format = ReasoningFormat::kNone;
+  // The tokenizer makes <think> or </think> a special token, which text would leave out.
+  bool think_tags_special = false;
   engine::ChatRenderOptions render_defaults;
   ServerMetrics metrics;
   httplib::Server http;
@@ -240,6 +242,10 @@ struct HttpServer::Impl {
   }
 
   void choose_reasoning_format() {
+    for (const char* tag : {"<think>", "</think>"}) {
+      const std::optional<engine::TokenId> id = tokenizer->token_to_id(tag);
+      if (id && tokenizer->is_special(*id)) think_tags_special = true;
+    }
     if (options.reasoning_parser != "auto") {
       const std::optional<ReasoningFormat> named = reasoning_format_named(options.reasoning_parser);
       if (!named)
@@ -635,7 +641,8 @@ struct HttpServer::Impl {
     if (draining) throw ApiException(error_for_status(503, "the server is shutting down"));
     std::string rendered;
     const auto prompts = prompt_tokens(r, &rendered);
-    const bool starts_in_reasoning = parses_reasoning(r) && prompt_opens_reasoning(rendered);
+    const bool starts_in_reasoning =
+        parses_reasoning(r) && reply_starts_in_reasoning(reasoning_format, rendered);
     // A prompt that fills the context is at fault whatever max_tokens asks for; checked
     // before anything is submitted.
     for (const auto& prompt : prompts) {
@@ -673,6 +680,7 @@ struct HttpServer::Impl {
         if (parses_tool_calls(r) && tool_call_format != ToolCallFormat::kLlama3Json) {
           g.skip_special_tokens = false;
         }
+        if (parses_reasoning(r) && think_tags_special) g.skip_special_tokens = false;
         sequences.push_back(std::move(g));
         Choice c;
         c.index = index;

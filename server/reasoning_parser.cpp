@@ -9,12 +9,14 @@ namespace {
 
 constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
+constexpr std::string_view kLineBreaks = "\r\n";
 
 }  // namespace
 
 std::optional<ReasoningFormat> reasoning_format_named(std::string_view name) {
   if (name == "none") return ReasoningFormat::kNone;
-  if (name == "qwen3" || name == "deepseek_r1") return ReasoningFormat::kThink;
+  if (name == "qwen3") return ReasoningFormat::kThink;
+  if (name == "deepseek_r1") return ReasoningFormat::kDeepSeekR1;
   return std::nullopt;
 }
 
@@ -23,10 +25,12 @@ ReasoningFormat reasoning_format_of_template(std::string_view source) {
                                                       : ReasoningFormat::kNone;
 }
 
-bool prompt_opens_reasoning(std::string_view prompt) {
-  const size_t last = prompt.find_last_not_of(kWhitespace);
-  if (last == std::string_view::npos) return false;
-  return prompt.substr(0, last + 1).ends_with(kOpen);
+bool reply_starts_in_reasoning(ReasoningFormat format, std::string_view prompt) {
+  const size_t open = prompt.rfind(kOpen), close = prompt.rfind(kClose);
+  const bool closed =
+      close != std::string_view::npos && (open == std::string_view::npos || close > open);
+  if (format == ReasoningFormat::kDeepSeekR1) return !closed;
+  return open != std::string_view::npos && !closed;
 }
 
 ReasoningDelta split_reasoning(bool starts_in_reasoning, std::string_view text) {
@@ -39,7 +43,7 @@ ReasoningDelta split_reasoning(bool starts_in_reasoning, std::string_view text) 
 }
 
 ReasoningStream::ReasoningStream(bool starts_in_reasoning)
-    : state_(starts_in_reasoning ? State::kReasoning : State::kStart) {}
+    : starts_in_reasoning_(starts_in_reasoning) {}
 
 ReasoningDelta ReasoningStream::feed(std::string_view text) {
   ReasoningDelta out;
@@ -54,7 +58,12 @@ ReasoningDelta ReasoningStream::finish() {
   if (state_ == State::kReasoning) {
     add_reasoning(out, pending_);  // cut short: a partial </think> is reasoning after all
   } else if (state_ == State::kStart) {
-    out.content += blank_ + pending_;  // whitespace, or a partial <think>: the answer
+    // Whitespace, or a partial <think>: the answer, or the reasoning it was in.
+    if (starts_in_reasoning_) {
+      add_reasoning(out, blank_ + pending_);
+    } else {
+      out.content += blank_ + pending_;
+    }
   }
   pending_.clear();
   blank_.clear();
@@ -65,7 +74,8 @@ void ReasoningStream::take(ReasoningDelta& out) {
   while (!pending_.empty()) {
     switch (state_) {
       case State::kStart: {
-        // A reply may open with <think>, after whitespace; anything else is the answer.
+        // A reply may open with <think>, after whitespace, which is dropped; anything else
+        // is the answer, or the reasoning the prompt left open.
         const size_t first = std::min(pending_.find_first_not_of(kWhitespace), pending_.size());
         blank_.append(pending_, 0, first);
         pending_.erase(0, first);
@@ -76,6 +86,10 @@ void ReasoningStream::take(ReasoningDelta& out) {
           state_ = State::kReasoning;
         } else if (kOpen.starts_with(pending_)) {
           return;  // maybe <think>, cut
+        } else if (starts_in_reasoning_) {
+          pending_.insert(0, blank_);
+          blank_.clear();
+          state_ = State::kReasoning;
         } else {
           out.content += blank_;
           blank_.clear();
@@ -98,7 +112,7 @@ void ReasoningStream::take(ReasoningDelta& out) {
         return;
       }
       case State::kAfterReasoning: {
-        const size_t first = pending_.find_first_not_of(kWhitespace);
+        const size_t first = pending_.find_first_not_of(kLineBreaks);
         if (first == std::string::npos) {
           pending_.clear();
           return;
@@ -116,18 +130,18 @@ void ReasoningStream::take(ReasoningDelta& out) {
 }
 
 void ReasoningStream::add_reasoning(ReasoningDelta& out, std::string_view text) {
-  const size_t last = text.find_last_not_of(kWhitespace);
+  const size_t last = text.find_last_not_of(kLineBreaks);
   if (last == std::string_view::npos) {
-    if (reasoning_started_) blank_ += text;  // leading whitespace is dropped
+    if (reasoning_started_) blank_ += text;  // leading line breaks are dropped
     return;
   }
   if (!reasoning_started_) {
-    text.remove_prefix(text.find_first_not_of(kWhitespace));
+    text.remove_prefix(text.find_first_not_of(kLineBreaks));
     reasoning_started_ = true;
   } else {
     out.reasoning += blank_;
   }
-  const size_t end = text.find_last_not_of(kWhitespace) + 1;
+  const size_t end = text.find_last_not_of(kLineBreaks) + 1;
   out.reasoning += text.substr(0, end);
   blank_ = text.substr(end);
 }

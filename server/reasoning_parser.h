@@ -5,6 +5,8 @@
 // and Qwen3.5's templates end the generation prompt with one), or when the reply itself
 // opens with <think>; it leaves it at the first </think>, and everything after is the
 // answer. A model that does not think writes no <think>, and its reply is all answer.
+// deepseek_r1, as in vLLM, takes every reply to start in its reasoning unless the prompt
+// closed it (its template opens the tag only for some turns).
 
 #include <optional>
 #include <string>
@@ -12,14 +14,15 @@
 
 namespace pagellm::server {
 
-enum class ReasoningFormat { kNone, kThink };
+enum class ReasoningFormat { kNone, kThink, kDeepSeekR1 };
 
-// "none", or "qwen3" / "deepseek_r1" (the same tags); nullopt for another name.
+// "none", "qwen3" (kThink) or "deepseek_r1"; nullopt for another name.
 std::optional<ReasoningFormat> reasoning_format_named(std::string_view name);
 // kThink when the chat template knows <think> (it renders or strips reasoning).
 ReasoningFormat reasoning_format_of_template(std::string_view chat_template_source);
-// Whether the prompt ends inside an open <think> (whitespace aside).
-bool prompt_opens_reasoning(std::string_view prompt);
+// Whether the reply to `prompt` starts in its reasoning: the prompt's last think tag is
+// an open <think> (or, for deepseek_r1, is not a </think>).
+bool reply_starts_in_reasoning(ReasoningFormat format, std::string_view prompt);
 
 struct ReasoningDelta {
   std::string reasoning;
@@ -27,10 +30,11 @@ struct ReasoningDelta {
 };
 
 // Splits a reply, as it arrives in pieces, into reasoning and answer. The reasoning
-// leaves out the whitespace at its two ends, and the answer the whitespace after
-// </think>; text is held back only while it may be a cut tag, and whitespace at the end
-// of the reasoning until more of it follows. Whatever the pieces, they add up to what
-// the whole text gives.
+// leaves out the line breaks at its two ends, and the answer those after </think> (as
+// Qwen3's template strips them); a <think> that opens the reply is dropped, also when it
+// starts in its reasoning. Text is held back only while it may be a cut tag, and line
+// breaks at the end of the reasoning until more of it follows. Whatever the pieces,
+// they add up to what the whole text gives.
 class ReasoningStream;
 
 // The whole text at once.
@@ -48,9 +52,11 @@ class ReasoningStream {
   void add_reasoning(ReasoningDelta& out, std::string_view text);
 
   enum class State { kStart, kReasoning, kAfterReasoning, kAnswer };
-  State state_;
-  std::string pending_;  // text not yet placed
-  // Whitespace held: before anything else (kStart), or at the end of the reasoning so far.
+  State state_ = State::kStart;
+  bool starts_in_reasoning_;  // where kStart goes when the reply does not open <think>
+  std::string pending_;       // text not yet placed
+  // Held: whitespace before anything else (kStart), or line breaks at the end of the
+  // reasoning so far.
   std::string blank_;
   bool reasoning_started_ = false;
 };

@@ -33,7 +33,7 @@ Split whole(const std::string& text, bool in_reasoning = false) {
 
 TEST(ReasoningFormat, NamesAndTemplates) {
   EXPECT_EQ(reasoning_format_named("qwen3"), ReasoningFormat::kThink);
-  EXPECT_EQ(reasoning_format_named("deepseek_r1"), ReasoningFormat::kThink);
+  EXPECT_EQ(reasoning_format_named("deepseek_r1"), ReasoningFormat::kDeepSeekR1);
   EXPECT_EQ(reasoning_format_named("none"), ReasoningFormat::kNone);
   EXPECT_EQ(reasoning_format_named("o1"), std::nullopt);
   EXPECT_EQ(reasoning_format_of_template("{{- '<|im_start|>assistant\\n<think>\\n' }}"),
@@ -41,13 +41,21 @@ TEST(ReasoningFormat, NamesAndTemplates) {
   EXPECT_EQ(reasoning_format_of_template("{{ messages[0].content }}"), ReasoningFormat::kNone);
 }
 
-TEST(ReasoningFormat, APromptEndingInAnOpenThinkStartsTheReplyInIt) {
-  EXPECT_TRUE(prompt_opens_reasoning("<|Assistant|><think>\n"));
-  EXPECT_TRUE(prompt_opens_reasoning("<think>"));
-  // enable_thinking=false closes it in the prompt.
-  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
-  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
-  EXPECT_FALSE(prompt_opens_reasoning(""));
+TEST(ReasoningFormat, APromptThatLeavesThinkOpenStartsTheReplyInIt) {
+  const auto think = ReasoningFormat::kThink;
+  EXPECT_TRUE(reply_starts_in_reasoning(think, "<|Assistant|><think>\n"));
+  EXPECT_TRUE(reply_starts_in_reasoning(think, "<think>"));
+  EXPECT_TRUE(reply_starts_in_reasoning(think, "<think>a</think>b<think>\nI started"));
+  // enable_thinking=false closes it in the prompt; earlier turns close theirs.
+  EXPECT_FALSE(reply_starts_in_reasoning(think, "assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(reply_starts_in_reasoning(think, "<think>a</think>b<|im_start|>assistant\n"));
+  EXPECT_FALSE(reply_starts_in_reasoning(think, "<|im_start|>assistant\n"));
+  EXPECT_FALSE(reply_starts_in_reasoning(think, ""));
+  // deepseek_r1: in its reasoning unless the prompt closed it.
+  const auto r1 = ReasoningFormat::kDeepSeekR1;
+  EXPECT_TRUE(reply_starts_in_reasoning(r1, "<｜Assistant｜>"));
+  EXPECT_TRUE(reply_starts_in_reasoning(r1, "<｜Assistant｜><think>\n"));
+  EXPECT_FALSE(reply_starts_in_reasoning(r1, "<think>\n\n</think>\n\n"));
 }
 
 TEST(ReasoningStream, ThinkingThenTheAnswer) {
@@ -57,7 +65,13 @@ TEST(ReasoningStream, ThinkingThenTheAnswer) {
   // DeepSeek-R1: the prompt opened it.
   EXPECT_EQ(whole("Hmm, 2+2.\n</think>\n\n4", true), Split("Hmm, 2+2.", "4"));
   // Cut short while thinking: all reasoning.
-  EXPECT_EQ(whole("<think>\nstill thinking ", false), Split("still thinking", ""));
+  EXPECT_EQ(whole("<think>\nstill thinking\n", false), Split("still thinking", ""));
+  // Started in its reasoning, the reply may open the tag again.
+  EXPECT_EQ(whole("<think>\nHm.</think>4", true), Split("Hm.", "4"));
+  EXPECT_EQ(whole("Hm.", true), Split("Hm.", ""));
+  // Only line breaks go at the ends: the answer's indentation stays.
+  EXPECT_EQ(whole("<think>\n  a plan  \n</think>\n    def f():\n        pass"),
+            Split("  a plan  ", "    def f():\n        pass"));
   // An empty think block (Qwen3 with thinking off, written by the model).
   EXPECT_EQ(whole("<think>\n\n</think>\n\nHello"), Split("", "Hello"));
 }
