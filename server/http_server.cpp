@@ -215,6 +215,8 @@ struct HttpServer::Impl {
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
   // Whether thinking models' reasoning is given apart from their answer.
   ReasoningFormat reasoning_format = ReasoningFormat::kNone;
+  // The chat template fails on tool call arguments as objects, and takes them as text.
+  bool tool_arguments_as_text = false;
   // The tokenizer makes <think> or </think> a special token, which text would leave out.
   bool think_tags_special = false;
   engine::ChatRenderOptions render_defaults;
@@ -235,6 +237,12 @@ struct HttpServer::Impl {
       if (options.chat_template) throw;  // asked for explicitly: a startup error
       chat_template_error = err.what();
       spdlog::warn("no chat template: /v1/chat/completions will answer 400 ({})", err.what());
+    }
+    if (chat_template && !chat_template_takes_argument_objects(*chat_template, render_defaults)) {
+      tool_arguments_as_text = true;
+      spdlog::info(
+          "the chat template fails on tool call arguments as objects: they reach it as JSON "
+          "text");
     }
     choose_tool_call_format();
     choose_reasoning_format();
@@ -449,7 +457,8 @@ struct HttpServer::Impl {
                     r.prompt
                         ? *r.prompt
                         : render_chat_prompt(require_template(), render_defaults, r.messages_json,
-                                             r.add_generation_prompt, r.template_variables_json);
+                                             r.add_generation_prompt, r.template_variables_json,
+                                             tool_arguments_as_text);
                 res.set_content(tokenize_response(tokenizer->encode(text, r.add_special_tokens),
                                                   max_model_len()),
                                 kJson);
@@ -580,9 +589,9 @@ struct HttpServer::Impl {
                                                   std::string* rendered = nullptr) const {
     std::vector<std::vector<int32_t>> prompts;
     if (r.chat) {
-      const std::string text =
-          render_chat_prompt(require_template(), render_defaults, r.messages_json,
-                             r.add_generation_prompt, r.template_variables_json);
+      const std::string text = render_chat_prompt(
+          require_template(), render_defaults, r.messages_json, r.add_generation_prompt,
+          r.template_variables_json, tool_arguments_as_text);
       // The template writes the special tokens (BOS) itself.
       prompts.push_back(tokenizer->encode(text, r.add_special_tokens.value_or(false)));
       if (rendered) *rendered = text;

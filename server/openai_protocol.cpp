@@ -697,10 +697,27 @@ std::string stream_usage_chunk(bool chat, const ResponseMeta& meta, const UsageR
   return dump(out);
 }
 
+namespace {
+
+// Each tool call's object arguments back as JSON text.
+void tool_arguments_to_text(ordered_json& messages) {
+  for (ordered_json& m : messages) {
+    auto calls = m.find("tool_calls");
+    if (calls == m.end() || !calls->is_array()) continue;
+    for (ordered_json& call : *calls) {
+      ordered_json& arguments = call["function"]["arguments"];
+      if (arguments.is_structured()) arguments = dump(arguments);
+    }
+  }
+}
+
+}  // namespace
+
 std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
                                const engine::ChatRenderOptions& defaults,
                                const std::string& messages_json, bool add_generation_prompt,
-                               const std::string& template_variables_json) {
+                               const std::string& template_variables_json,
+                               bool tool_arguments_as_text) {
   engine::ChatRenderOptions options = defaults;
   options.add_generation_prompt = add_generation_prompt;
   try {
@@ -709,10 +726,33 @@ std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
       for (auto it = variables.begin(); it != variables.end(); ++it)
         options.set(it.key(), it.value());
     }
-    return chat_template.render(ordered_json::parse(messages_json), options);
+    ordered_json messages = ordered_json::parse(messages_json);
+    if (tool_arguments_as_text) tool_arguments_to_text(messages);
+    return chat_template.render(messages, options);
   } catch (const engine::ChatTemplateError& e) {
     fail(std::string("the chat template could not render these messages: ") + e.what(), "messages");
   }
+}
+
+bool chat_template_takes_argument_objects(const engine::ChatTemplate& chat_template,
+                                          const engine::ChatRenderOptions& defaults) {
+  // A turn that calls a tool and gets its result; the id has 9 letters and digits, which
+  // Mistral's templates ask for.
+  const std::string messages = R"([{"role": "user", "content": "x"},
+      {"role": "assistant", "content": "", "tool_calls": [{"id": "probe0001", "type": "function",
+       "function": {"name": "probe", "arguments": {"probe_argument": 1}}}]},
+      {"role": "tool", "tool_call_id": "probe0001", "content": "y"}])";
+  const std::string variables =
+      R"({"tools": [{"type": "function", "function": {"name": "probe", "parameters": {}}}]})";
+  auto renders = [&](bool as_text) {
+    try {
+      render_chat_prompt(chat_template, defaults, messages, true, variables, as_text);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  return renders(false) || !renders(true);
 }
 
 TokenizeRequest parse_tokenize_request(const std::string& body_text) {

@@ -165,11 +165,20 @@ std::string stream_chunk(bool chat, const ResponseMeta& meta, const ChoiceResult
 std::string stream_usage_chunk(bool chat, const ResponseMeta& meta, const UsageResult& usage);
 
 // Renders validated messages with a chat template. Template errors become
-// ApiException 400.
+// ApiException 400. The messages' tool call arguments are objects (as transformers asks
+// of templates); with `tool_arguments_as_text`, JSON text again, for templates that
+// only take that (see chat_template_takes_argument_objects).
 std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
                                const engine::ChatRenderOptions& defaults,
                                const std::string& messages_json, bool add_generation_prompt,
-                               const std::string& template_variables_json = "");
+                               const std::string& template_variables_json = "",
+                               bool tool_arguments_as_text = false);
+
+// Whether a template renders a conversation whose tool call has its arguments as an
+// object; false when it fails on that and renders them as JSON text instead (DeepSeek's
+// templates join them to strings with '+').
+bool chat_template_takes_argument_objects(const engine::ChatTemplate& chat_template,
+                                          const engine::ChatRenderOptions& defaults);
 
 // /tokenize and /detokenize bodies.
 struct TokenizeRequest {

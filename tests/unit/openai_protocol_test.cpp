@@ -145,6 +145,27 @@ TEST(OpenAIProtocol, ToolCallArgumentsReachTemplatesAsObjects) {
   EXPECT_EQ(bad(R"([{"id": "a"}])"), "messages[0].tool_calls[0].function");
 }
 
+// DeepSeek's templates join the arguments to strings, and fail on objects: for such a
+// template they go back to JSON text; one that prints objects keeps them.
+TEST(OpenAIProtocol, TemplatesThatJoinArgumentsToTextGetText) {
+  const auto joins = engine::ChatTemplate::parse(
+      "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+      "{{ '<call>' + c.function.arguments + '</call>' }}{% endfor %}{% endfor %}");
+  const auto prints = engine::ChatTemplate::parse(
+      "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+      "{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}");
+  EXPECT_FALSE(chat_template_takes_argument_objects(joins, {}));
+  EXPECT_TRUE(chat_template_takes_argument_objects(prints, {}));
+  // One that fails either way keeps objects, as vLLM gives them.
+  EXPECT_TRUE(chat_template_takes_argument_objects(
+      engine::ChatTemplate::parse("{{ raise_exception('no tools') }}"), {}));
+  const CompletionRequest r = parse_chat_request(R"({"messages": [{"role": "assistant",
+      "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\"a\": [1]}"}}]}]})");
+  EXPECT_EQ(render_chat_prompt(joins, {}, r.messages_json, false, "", true),
+            R"(<call>{"a":[1]}</call>)");
+  EXPECT_EQ(render_chat_prompt(prints, {}, r.messages_json, false), R"({"a": [1]})");
+}
+
 // The reply's tool calls are read when the request offers tools and lets the model
 // choose (tool_choice "auto", the default).
 TEST(OpenAIProtocol, ToolCallsAreReadWhenTheModelMayCallATool) {
