@@ -295,12 +295,15 @@ struct HttpServer::Impl {
     return r.chat && r.tool_calls_allowed && tool_call_format != ToolCallFormat::kNone;
   }
 
-  // The calls as the reply gives them, numbered from `first` within the choice. Mistral's
-  // templates refuse, in the next turn, a call id other than 9 letters and digits.
-  std::vector<ToolCallResult> tool_call_results(std::vector<ParsedToolCall> calls,
+  // The calls as the reply gives them, numbered from `first` within the choice; with
+  // parallel_tool_calls false, the first call only. Mistral's templates refuse, in the
+  // next turn, a call id other than 9 letters and digits.
+  std::vector<ToolCallResult> tool_call_results(const CompletionRequest& r,
+                                                std::vector<ParsedToolCall> calls,
                                                 int32_t first) const {
     std::vector<ToolCallResult> out;
     for (ParsedToolCall& c : calls) {
+      if (!r.parallel_tool_calls && first > 0) break;
       std::string id =
           tool_call_format == ToolCallFormat::kMistral ? random_hex(9) : "call_" + random_hex(24);
       out.push_back({first++, std::move(id), std::move(c.name), std::move(c.arguments)});
@@ -836,7 +839,7 @@ struct HttpServer::Impl {
         ParsedToolCalls parsed = parse_tool_calls(tool_call_format, out.text);
         out.null_content = !parsed.content || (parsed.content->empty() && out.null_content);
         out.text = parsed.content.value_or("");
-        out.tool_calls = tool_call_results(std::move(parsed.calls), 0);
+        out.tool_calls = tool_call_results(r, std::move(parsed.calls), 0);
         out.finish_reason = finish_reason_of(c.final.finish_reason, !out.tool_calls.empty());
       }
       out.has_logprobs = r.params.logprobs;
@@ -961,7 +964,7 @@ struct HttpServer::Impl {
           }
           out.text = std::move(delta.content);
           const auto before = static_cast<int32_t>(c.tool_calls->calls() - delta.calls.size());
-          out.tool_calls = tool_call_results(std::move(delta.calls), before);
+          out.tool_calls = tool_call_results(r, std::move(delta.calls), before);
         }
         out.has_logprobs = r.params.logprobs;
         if (r.params.logprobs) {

@@ -601,6 +601,7 @@ CompletionRequest parse_chat_request(const std::string& body_text,
   const ordered_json* tools = field(body, "tools");
   r.tool_calls_allowed = tools && !tools->empty() && tool_choice == "auto";
   if (auto v = bool_field(body, "include_reasoning")) r.include_reasoning = *v;
+  if (auto v = bool_field(body, "parallel_tool_calls")) r.parallel_tool_calls = *v;
   if (auto v = bool_field(body, "logprobs")) r.params.logprobs = *v;
   if (auto v = int_field(body, "top_logprobs", 0, kMaxTopLogprobs)) {
     if (!r.params.logprobs && *v > 0) {

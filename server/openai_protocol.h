@@ -59,6 +59,7 @@ struct CompletionRequest {
   // Chat: the request offers tools and lets the model call them (tool_choice "auto",
   // the default): the reply's tool calls are taken out of its text.
   bool tool_calls_allowed = false;
+  bool parallel_tool_calls = true;  // false: the reply's first call only
   // Chat: whether the reply gives the model's reasoning (vLLM's include_reasoning).
   bool include_reasoning = true;
   // Completions: one or more prompts.

@@ -148,6 +148,16 @@ TEST(ToolCalls, CallsTheModelWritesComeBackAsToolCalls) {
   EXPECT_NE(two["message"]["tool_calls"][0]["id"], two["message"]["tool_calls"][1]["id"]);
   EXPECT_EQ(two["finish_reason"], "length");
 
+  // parallel_tool_calls false: the first call only, whole and streamed.
+  const json first = post(client, calling(2, {{"parallel_tool_calls", false}}));
+  ASSERT_EQ(first["message"]["tool_calls"].size(), 1u) << first;
+  expect_weather_call(first["message"]["tool_calls"][0]);
+  EXPECT_EQ(
+      gather(test::post_stream(client, "/v1/chat/completions",
+                               calling(2, {{"stream", true}, {"parallel_tool_calls", false}})))
+          .calls.size(),
+      1u);
+
   // A stop string at the end of the call: it ends for the call.
   const json one = post(client, calling(4, {{"stop", {"</tool_call>"}}}));
   ASSERT_EQ(one["message"]["tool_calls"].size(), 1u) << one;

@@ -177,6 +177,10 @@ TEST(OpenAIProtocol, ToolCallsAreReadWhenTheModelMayCallATool) {
       parse_chat_request(chat_with(tools + R"(, "tool_choice": "none")")).tool_calls_allowed);
   EXPECT_FALSE(parse_chat_request(chat_with(R"("tools": [])")).tool_calls_allowed);
   EXPECT_FALSE(parse_chat_request(chat_with(R"("max_tokens": 3)")).tool_calls_allowed);
+  EXPECT_TRUE(parse_chat_request(chat_with(tools)).parallel_tool_calls);
+  EXPECT_FALSE(parse_chat_request(chat_with(tools + R"(, "parallel_tool_calls": false)"))
+                   .parallel_tool_calls);
+  EXPECT_EQ(chat_error(chat_with(R"("parallel_tool_calls": "no")")).param, "parallel_tool_calls");
 }
 
 TEST(OpenAIProtocol, ToolsAndTemplateArgumentsBecomeTemplateVariables) {
