@@ -1,4 +1,5 @@
-// The pool of HTTP connection threads: grows while every thread is held, up to its cap.
+// The pool of HTTP connection threads: grows while every thread is held, up to its cap,
+// and shrinks back when the extra threads are idle.
 
 #include "server/http_thread_pool.h"
 
@@ -87,6 +88,37 @@ TEST(HttpThreadPool, IdleThreadsTakeTheNextJobs) {
   // One job at a time reuses the threads there are (a thread on its way back to idle
   // when the next job comes can make the pool start one more, on a busy machine).
   EXPECT_LE(pool.threads(), 6u);
+}
+
+// Waits up to 10 s for the pool to run `n` threads.
+bool wait_threads(const HttpThreadPool& pool, size_t n) {
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(5ms)) {
+    if (pool.threads() == n) return true;
+  }
+  return false;
+}
+
+TEST(HttpThreadPool, ThreadsBeyondTheInitialOnesEndWhenIdleAndComeBackWhenNeeded) {
+  HttpThreadPool pool(2, 16, 50ms);
+  for (int round = 0; round < 3; ++round) {
+    HeldJobs held;
+    for (int i = 0; i < 10; ++i)
+      pool.enqueue(held.job());
+    ASSERT_TRUE(held.wait_started(10)) << round;
+    EXPECT_EQ(pool.threads(), 10u);
+    held.release();
+    ASSERT_TRUE(held.wait_finished(10));
+    // Idle past the timeout: back to the initial two, which stay.
+    EXPECT_TRUE(wait_threads(pool, 2)) << pool.threads();
+    std::this_thread::sleep_for(150ms);
+    EXPECT_EQ(pool.threads(), 2u);
+  }
+  // The two left take jobs as before.
+  HeldJobs one;
+  pool.enqueue(one.job());
+  one.release();
+  EXPECT_TRUE(one.wait_finished(1));
 }
 
 TEST(HttpThreadPool, ShutdownRunsWhatIsQueued) {
