@@ -91,7 +91,7 @@ LatencySummary summarize(const std::vector<double>& values);
 
 // Whether a streamed chunk carries output of the model, which TTFT and ITL time: text
 // (completions), content, reasoning (a thinking model's, under vLLM's or DeepSeek's
-// name) or tool calls (chat), as vLLM's benchmark counts it.
+// name) or tool calls (chat). A role-only chunk is not output.
 bool chunk_has_output(const nlohmann::json& chunk);
 
 // Splits a byte stream into events and returns the `data:` payload of each complete one

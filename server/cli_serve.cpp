@@ -126,8 +126,8 @@ struct ServeOptions {
   std::string served_model_name;
   std::string chat_template;
   std::string generation_config = "auto";
-  std::string tool_call_parser = "auto";
-  std::string reasoning_parser = "auto";
+  std::optional<server::ToolCallFormat> tool_call_format;  // unset: auto
+  std::optional<server::ReasoningFormat> reasoning_format;
   std::string log_level = "info";
   double shutdown_timeout = 30;
 };
@@ -244,20 +244,19 @@ ServeOptions parse_options(const ArgReader& reader) {
     }
     o.generation_config = *v;
   }
-  if (auto v = get("--tool-call-parser")) {
-    if (*v != "auto" && !server::tool_call_format_named(*v)) {
-      throw UsageError(
-          "--tool-call-parser must be auto, hermes, llama3_json, mistral or none, not '" + *v +
-          "'");
+  if (auto v = get("--tool-call-parser"); v && *v != "auto") {
+    o.tool_call_format = server::tool_call_format_named(*v);
+    if (!o.tool_call_format) {
+      throw UsageError("--tool-call-parser must be auto, hermes, llama3_json, mistral or none, " +
+                       std::string("not '") + *v + "'");
     }
-    o.tool_call_parser = *v;
   }
-  if (auto v = get("--reasoning-parser")) {
-    if (*v != "auto" && !server::reasoning_format_named(*v)) {
+  if (auto v = get("--reasoning-parser"); v && *v != "auto") {
+    o.reasoning_format = server::reasoning_format_named(*v);
+    if (!o.reasoning_format) {
       throw UsageError("--reasoning-parser must be auto, qwen3, deepseek_r1 or none, not '" + *v +
                        "'");
     }
-    o.reasoning_parser = *v;
   }
   if (auto v = get("--log-level")) o.log_level = *v;
   if (auto v = get("--shutdown-timeout")) {
@@ -444,8 +443,8 @@ int run_serve(Args args) {
     http_options.served_model_name =
         !o.served_model_name.empty() ? o.served_model_name : folder.filename().string();
     if (!o.chat_template.empty()) http_options.chat_template = o.chat_template;
-    http_options.tool_call_parser = o.tool_call_parser;
-    http_options.reasoning_parser = o.reasoning_parser;
+    http_options.tool_call_format = o.tool_call_format;
+    http_options.reasoning_format = o.reasoning_format;
     const engine::GenerationDefaults& defaults = engine->model_config().generation_defaults;
     if (o.generation_config == "auto" && !defaults.empty()) {
       scheduler::SamplingParams& p = http_options.sampling_defaults;

@@ -192,11 +192,10 @@ struct Choice {
   bool done = false;
   CharacterCounter logprob_chars;  // characters of the tokens whose logprobs went out
   // A chat reply that starts inside a thinking model's reasoning (its prompt left <think>
-  // open), and, streamed, the reasoning being given apart.
+  // open). Streamed, the parsers of its reasoning and its tool calls, when they apply.
   bool starts_in_reasoning = false;
-  std::optional<ReasoningStream> reasoning;
-  // Streaming a reply whose tool calls are taken out of its text: the calls sent so far.
-  std::optional<ToolCallStream> tool_calls;
+  std::optional<ReasoningStream> reasoning_stream;
+  std::optional<ToolCallStream> tool_call_stream;
   // What has been gathered (engine::merge_chunk): the end (usage, reason, times) and when
   // each token was sampled, for inter-token latency.
   engine::GenerationChunk final;
@@ -254,11 +253,8 @@ struct HttpServer::Impl {
       const std::optional<engine::TokenId> id = tokenizer->token_to_id(tag);
       if (id && tokenizer->is_special(*id)) think_tags_special = true;
     }
-    if (options.reasoning_parser != "auto") {
-      const std::optional<ReasoningFormat> named = reasoning_format_named(options.reasoning_parser);
-      if (!named)
-        throw std::runtime_error("unknown reasoning parser '" + options.reasoning_parser + "'");
-      reasoning_format = *named;
+    if (options.reasoning_format) {
+      reasoning_format = *options.reasoning_format;
       return;
     }
     if (chat_template) reasoning_format = reasoning_format_of_template(chat_template->source());
@@ -274,11 +270,8 @@ struct HttpServer::Impl {
   }
 
   void choose_tool_call_format() {
-    if (options.tool_call_parser != "auto") {
-      const std::optional<ToolCallFormat> named = tool_call_format_named(options.tool_call_parser);
-      if (!named)
-        throw std::runtime_error("unknown tool call parser '" + options.tool_call_parser + "'");
-      tool_call_format = *named;
+    if (options.tool_call_format) {
+      tool_call_format = *options.tool_call_format;
       return;
     }
     if (chat_template) tool_call_format = tool_call_format_of_template(chat_template->source());
@@ -589,7 +582,7 @@ struct HttpServer::Impl {
 
   // Token ids of every prompt of the request; for chat, the rendered prompt in `rendered`.
   std::vector<std::vector<int32_t>> prompt_tokens(const CompletionRequest& r,
-                                                  std::string* rendered = nullptr) const {
+                                                  std::string& rendered) const {
     std::vector<std::vector<int32_t>> prompts;
     if (r.chat) {
       const std::string text = render_chat_prompt(
@@ -597,7 +590,7 @@ struct HttpServer::Impl {
           r.template_variables_json, tool_arguments_as_text);
       // The template writes the special tokens (BOS) itself.
       prompts.push_back(tokenizer->encode(text, r.add_special_tokens.value_or(false)));
-      if (rendered) *rendered = text;
+      rendered = text;
     } else {
       for (const PromptInput& p : r.prompts) {
         prompts.push_back(p.text ? tokenizer->encode(*p.text, r.add_special_tokens.value_or(true))
@@ -652,7 +645,7 @@ struct HttpServer::Impl {
     }
     if (draining) throw ApiException(error_for_status(503, "the server is shutting down"));
     std::string rendered;
-    const auto prompts = prompt_tokens(r, &rendered);
+    const auto prompts = prompt_tokens(r, rendered);
     const bool starts_in_reasoning =
         parses_reasoning(r) && reply_starts_in_reasoning(reasoning_format, rendered);
     // A prompt that fills the context is at fault whatever max_tokens asks for; checked
@@ -697,8 +690,8 @@ struct HttpServer::Impl {
         Choice c;
         c.index = index;
         c.starts_in_reasoning = starts_in_reasoning;
-        if (r.stream && parses_reasoning(r)) c.reasoning.emplace(starts_in_reasoning);
-        if (r.stream && parses_tool_calls(r)) c.tool_calls.emplace(tool_call_format);
+        if (r.stream && parses_reasoning(r)) c.reasoning_stream.emplace(starts_in_reasoning);
+        if (r.stream && parses_tool_calls(r)) c.tool_call_stream.emplace(tool_call_format);
         c.prompt_index = static_cast<int32_t>(p);
         c.prompt_tokens = static_cast<int64_t>(prompts[p].size());
         choices.push_back(std::move(c));
@@ -944,26 +937,17 @@ struct HttpServer::Impl {
         ChoiceResult out;
         out.index = c.index;
         out.text = chunk->text;
-        if (c.reasoning) {
-          ReasoningDelta split = c.reasoning->feed(out.text);
-          if (chunk->finished) {
-            ReasoningDelta rest = c.reasoning->finish();
-            split.reasoning += rest.reasoning;
-            split.content += rest.content;
-          }
+        if (c.reasoning_stream) {
+          ReasoningDelta split = c.reasoning_stream->feed(out.text);
+          if (chunk->finished) split.append(c.reasoning_stream->finish());
           out.text = std::move(split.content);
           if (r.include_reasoning) out.reasoning = std::move(split.reasoning);
         }
-        if (c.tool_calls) {
-          ToolCallDelta delta = c.tool_calls->feed(out.text);
-          if (chunk->finished) {
-            ToolCallDelta rest = c.tool_calls->finish();
-            delta.content += rest.content;
-            for (ParsedToolCall& call : rest.calls)
-              delta.calls.push_back(std::move(call));
-          }
+        if (c.tool_call_stream) {
+          const auto before = static_cast<int32_t>(c.tool_call_stream->calls());
+          ToolCallDelta delta = c.tool_call_stream->feed(out.text);
+          if (chunk->finished) delta.append(c.tool_call_stream->finish());
           out.text = std::move(delta.content);
-          const auto before = static_cast<int32_t>(c.tool_calls->calls() - delta.calls.size());
           out.tool_calls = tool_call_results(r, std::move(delta.calls), before);
         }
         out.has_logprobs = r.params.logprobs;
@@ -992,8 +976,8 @@ struct HttpServer::Impl {
         if (chunk->finished) {
           ChoiceResult end;
           end.index = c.index;
-          end.finish_reason =
-              finish_reason_of(chunk->finish_reason, c.tool_calls && c.tool_calls->calls() > 0);
+          end.finish_reason = finish_reason_of(
+              chunk->finish_reason, c.tool_call_stream && c.tool_call_stream->calls() > 0);
           if (!send_event(sink, stream_chunk(r.chat, meta, end, false, usage_for(c)))) return false;
         }
       }

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "scheduler/sampling_params.h"
+#include "server/reasoning_parser.h"
+#include "server/tool_call_parser.h"
 
 namespace pagellm::engine {
 class Engine;
@@ -27,12 +29,10 @@ struct HttpServerOptions {
   std::optional<std::filesystem::path> chat_template;  // overrides the model's
   // What requests that leave a sampling parameter out get (see GenerationDefaults).
   scheduler::SamplingParams sampling_defaults;
-  // How replies' tool calls are read (tool_call_parser.h): "auto" (from the chat
-  // template), "none", or a format's name.
-  std::string tool_call_parser = "auto";
-  // How thinking models' reasoning is given apart (reasoning_parser.h): "auto" (when the
-  // chat template knows <think>), "none", "qwen3" or "deepseek_r1".
-  std::string reasoning_parser = "auto";
+  // How replies' tool calls are read, and thinking models' reasoning given apart
+  // (tool_call_parser.h, reasoning_parser.h); unset: as the chat template teaches.
+  std::optional<ToolCallFormat> tool_call_format;
+  std::optional<ReasoningFormat> reasoning_format;
   size_t max_body_bytes = size_t(32) << 20;
   // Threads for connections (each open one holds a thread: see HttpThreadPool): started
   // at once, and at most.

@@ -8,6 +8,10 @@
 
 namespace pagellm::server {
 
+// Arrays and objects nest at most this deep in JSON the server parses (a request body,
+// a tool call a model wrote): parsed values are walked, and written back, recursively.
+constexpr int kMaxJsonDepth = 128;
+
 // Calls `on_bracket(position, depth)` for each '[', '{', ']' and '}' of `text` from
 // `begin` that is not inside a string, with the nesting depth after it (an opening
 // bracket of the outermost value gives 1, its closing one 0), until it returns false.

@@ -25,12 +25,6 @@ std::string dump(const ordered_json& value) {
   throw ApiException(invalid_request(std::move(message), std::move(param)));
 }
 
-// Arrays and objects nest at most this deep in a request. Chat messages and tools are
-// walked recursively (into the chat template's values, and back to text), so a body
-// nested thousands deep would overflow the stack; real requests (JSON schemas of tools
-// included) stay far below.
-constexpr int kMaxJsonDepth = 128;
-
 // The deepest nesting of arrays and objects in `text`, outside strings; stops counting
 // past kMaxJsonDepth. Malformed text is the parser's to refuse.
 int json_depth(const std::string& text) {
@@ -310,6 +304,18 @@ void normalize_tool_calls(ordered_json& message, const std::string& param) {
       ordered_json parsed =
           ordered_json::parse(arguments.get_ref<const std::string&>(), nullptr, false);
       if (!parsed.is_discarded()) arguments = std::move(parsed);
+    }
+  }
+}
+
+// Each tool call's object arguments back as JSON text.
+void tool_arguments_to_text(ordered_json& messages) {
+  for (ordered_json& m : messages) {
+    auto calls = m.find("tool_calls");
+    if (calls == m.end() || !calls->is_array()) continue;
+    for (ordered_json& call : *calls) {
+      ordered_json& arguments = call["function"]["arguments"];
+      if (arguments.is_structured()) arguments = dump(arguments);
     }
   }
 }
@@ -697,22 +703,6 @@ std::string stream_usage_chunk(bool chat, const ResponseMeta& meta, const UsageR
   out["usage"] = usage_json(usage);
   return dump(out);
 }
-
-namespace {
-
-// Each tool call's object arguments back as JSON text.
-void tool_arguments_to_text(ordered_json& messages) {
-  for (ordered_json& m : messages) {
-    auto calls = m.find("tool_calls");
-    if (calls == m.end() || !calls->is_array()) continue;
-    for (ordered_json& call : *calls) {
-      ordered_json& arguments = call["function"]["arguments"];
-      if (arguments.is_structured()) arguments = dump(arguments);
-    }
-  }
-}
-
-}  // namespace
 
 std::string render_chat_prompt(const engine::ChatTemplate& chat_template,
                                const engine::ChatRenderOptions& defaults,

@@ -14,11 +14,12 @@
 
 namespace pagellm::server {
 
-enum class ReasoningFormat { kNone, kThink, kDeepSeekR1 };
+enum class ReasoningFormat { kNone, kQwen3, kDeepSeekR1 };
 
-// "none", "qwen3" (kThink) or "deepseek_r1"; nullopt for another name.
+// "none", "qwen3" or "deepseek_r1"; nullopt for another name.
 std::optional<ReasoningFormat> reasoning_format_named(std::string_view name);
-// kThink when the chat template knows <think> (it renders or strips reasoning).
+const char* reasoning_format_name(ReasoningFormat format);
+// kQwen3 when the chat template knows <think> (it renders or strips reasoning).
 ReasoningFormat reasoning_format_of_template(std::string_view chat_template_source);
 // Whether the reply to `prompt` starts in its reasoning: the prompt's last think tag is
 // an open <think> (or, for deepseek_r1, is not a </think>).
@@ -27,6 +28,7 @@ bool reply_starts_in_reasoning(ReasoningFormat format, std::string_view prompt);
 struct ReasoningDelta {
   std::string reasoning;
   std::string content;
+  void append(const ReasoningDelta& more);
 };
 
 // Splits a reply, as it arrives in pieces, into reasoning and answer. The reasoning
@@ -35,11 +37,6 @@ struct ReasoningDelta {
 // starts in its reasoning. Text is held back only while it may be a cut tag, and line
 // breaks at the end of the reasoning until more of it follows. Whatever the pieces,
 // they add up to what the whole text gives.
-class ReasoningStream;
-
-// The whole text at once.
-ReasoningDelta split_reasoning(bool starts_in_reasoning, std::string_view text);
-
 class ReasoningStream {
  public:
   explicit ReasoningStream(bool starts_in_reasoning);
@@ -53,12 +50,14 @@ class ReasoningStream {
 
   enum class State { kStart, kReasoning, kAfterReasoning, kAnswer };
   State state_ = State::kStart;
-  bool starts_in_reasoning_;  // where kStart goes when the reply does not open <think>
-  std::string pending_;       // text not yet placed
-  // Held: whitespace before anything else (kStart), or line breaks at the end of the
-  // reasoning so far.
-  std::string blank_;
+  bool starts_in_reasoning_;     // where kStart goes when the reply does not open <think>
+  std::string pending_;          // text not yet placed
+  std::string leading_;          // kStart: the whitespace so far
+  std::string trailing_breaks_;  // line breaks at the end of the reasoning so far
   bool reasoning_started_ = false;
 };
+
+// The whole text at once.
+ReasoningDelta split_reasoning(bool starts_in_reasoning, std::string_view text);
 
 }  // namespace pagellm::server

@@ -17,9 +17,6 @@ constexpr std::string_view kHermesStart = "<tool_call>";
 constexpr std::string_view kHermesEnd = "</tool_call>";
 constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
-// Arrays and objects in a call nest at most this deep (its JSON is parsed and written
-// back, recursively); deeper, it stays text.
-constexpr int kMaxDepth = 128;
 
 // Where the JSON array or object that opens at `begin` ends (one past its closing
 // bracket), outside strings; npos when it does not close or nests past kMaxDepth.
@@ -27,7 +24,7 @@ size_t json_value_end(std::string_view text, size_t begin) {
   size_t end = std::string_view::npos;
   scan_json_brackets(text, begin, [&](size_t at, int depth) {
     if (depth == 0) end = at + 1;
-    return depth > 0 && depth <= kMaxDepth;
+    return depth > 0 && depth <= kMaxJsonDepth;  // deeper, the call stays text
   });
   return end;
 }
@@ -157,8 +154,13 @@ ToolCallFormat tool_call_format_of_template(std::string_view source) {
   return ToolCallFormat::kNone;
 }
 
-ToolCallStream::ToolCallStream(ToolCallFormat format) : format_(format) {
-  if (format_ == ToolCallFormat::kNone) plain_ = true;
+ToolCallStream::ToolCallStream(ToolCallFormat format)
+    : format_(format), plain_(format == ToolCallFormat::kNone) {}
+
+void ToolCallDelta::append(ToolCallDelta&& more) {
+  content += more.content;
+  for (ParsedToolCall& c : more.calls)
+    calls.push_back(std::move(c));
 }
 
 ToolCallDelta ToolCallStream::feed(std::string_view text) {
@@ -170,7 +172,6 @@ ToolCallDelta ToolCallStream::feed(std::string_view text) {
 
 ToolCallDelta ToolCallStream::finish() {
   ToolCallDelta out;
-  take(out);
   if (in_call_) {
     end_call(out, pending_, "");  // open to the end, or cut short
   } else {
@@ -271,10 +272,7 @@ void ToolCallStream::add_content(ToolCallDelta& out, std::string_view text) {
 ParsedToolCalls parse_tool_calls(ToolCallFormat format, std::string_view text) {
   ToolCallStream stream(format);
   ToolCallDelta all = stream.feed(text);
-  ToolCallDelta end = stream.finish();
-  all.content += end.content;
-  for (ParsedToolCall& c : end.calls)
-    all.calls.push_back(std::move(c));
+  all.append(stream.finish());
   ParsedToolCalls out;
   out.calls = std::move(all.calls);
   if (out.calls.empty() || !all.content.empty()) out.content = std::move(all.content);

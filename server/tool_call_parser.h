@@ -38,6 +38,7 @@ struct ParsedToolCall {
 struct ToolCallDelta {
   std::string content;
   std::vector<ParsedToolCall> calls;
+  void append(ToolCallDelta&& more);
 };
 
 // Splits a reply's text, as it arrives in pieces, into content and calls. The content
@@ -68,7 +69,7 @@ class ToolCallStream {
   std::string call_marker_;  // inside a call: the marker that opened it (it goes back
                              // into the content when the body is not a call)
   std::string blank_;        // whitespace after the content so far, held
-  bool plain_ = false;       // llama3_json: the reply is text, not calls
+  bool plain_;  // no more calls are looked for (kNone; llama3_json once the reply is text)
   int calls_ = 0;
 };
 

@@ -45,12 +45,12 @@ std::string chat_template(bool thinking = false, bool prompt_thinks = false) {
 }
 
 // A copy of the tiny model in which token kCallToken is the text `call` (a special token
-// or not), with `chat_template`.
-class ToolCallModel : public testing::TempDir {
+// or not), with `chat_template`. (tests/integration/openai_js/run.sh does the same.)
+class ScriptedReplyModel : public testing::TempDir {
  public:
-  explicit ToolCallModel(const std::string& call = kCall, bool special = false,
-                         const std::string& chat_template = ::pagellm::chat_template())
-      : TempDir("pagellm_tool_calls_test") {
+  explicit ScriptedReplyModel(const std::string& call = kCall, bool special = false,
+                              const std::string& chat_template = ::pagellm::chat_template())
+      : TempDir("pagellm_reply_parsing_test") {
     std::filesystem::copy(test::tiny_demo_model(), model());
     json tokenizer = json::parse(test::read_text_file(model() / "tokenizer.json"));
     for (json& token : tokenizer["added_tokens"]) {
@@ -90,6 +90,19 @@ json post(httplib::Client& client, const json& body) {
   if (!res) return json();
   EXPECT_EQ(res->status, 200) << res->body;
   return json::parse(res->body)["choices"][0];
+}
+
+// The prompt a chat body renders to, through /tokenize and /detokenize.
+std::string rendered_prompt(httplib::Client& client, const json& body) {
+  auto tokens = client.Post("/tokenize", body.dump(), "application/json");
+  EXPECT_TRUE(tokens && tokens->status == 200);
+  if (!tokens || tokens->status != 200) return "";
+  auto text =
+      client.Post("/detokenize", json({{"tokens", json::parse(tokens->body)["tokens"]}}).dump(),
+                  "application/json");
+  EXPECT_TRUE(text && text->status == 200);
+  if (!text || text->status != 200) return "";
+  return json::parse(text->body)["prompt"];
 }
 
 void expect_weather_call(const json& call) {
@@ -133,7 +146,7 @@ StreamedChoice gather(const test::Sse& sse) {
 }
 
 TEST(ToolCalls, CallsTheModelWritesComeBackAsToolCalls) {
-  const ToolCallModel model;
+  const ScriptedReplyModel model;
   test::ServerProcess server({"--num-kv-blocks", "64"}, model.model());
   ASSERT_GT(server.port(), 0) << server.log();
   EXPECT_NE(server.log().find("read as hermes"), std::string::npos) << server.log();
@@ -219,20 +232,14 @@ TEST(ToolCalls, CallsTheModelWritesComeBackAsToolCalls) {
   turn["messages"].push_back({{"role", "tool"},
                               {"tool_call_id", two["message"]["tool_calls"][0]["id"]},
                               {"content", "sunny"}});
-  auto tokenized = client.Post("/tokenize", turn.dump(), "application/json");
-  ASSERT_TRUE(tokenized && tokenized->status == 200);
-  auto text =
-      client.Post("/detokenize", json({{"tokens", json::parse(tokenized->body)["tokens"]}}).dump(),
-                  "application/json");
-  ASSERT_TRUE(text && text->status == 200);
-  EXPECT_NE(text->body.find(R"(\"arguments\": {\"city\": \"Paris\"}})"), std::string::npos)
-      << text->body;
+  const std::string text = rendered_prompt(client, turn);
+  EXPECT_NE(text.find(R"("arguments": {"city": "Paris"}})"), std::string::npos) << text;
 }
 
 // Mistral's calls: a list after [TOOL_CALLS], and ids its template takes back (9 letters
 // and digits).
 TEST(ToolCalls, MistralCallsGetIdsItsTemplateTakes) {
-  const ToolCallModel model(
+  const ScriptedReplyModel model(
       "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
       "{\"name\": \"get_time\", \"arguments\": {}}]");
   test::ServerProcess server({"--num-kv-blocks", "64", "--tool-call-parser", "mistral"},
@@ -254,7 +261,7 @@ TEST(ToolCalls, MistralCallsGetIdsItsTemplateTakes) {
 // Some tokenizers make <tool_call> a special token, which text leaves out by default:
 // with tools, the reply keeps it, so that its calls are read.
 TEST(ToolCalls, CallsInSpecialTokensAreRead) {
-  const ToolCallModel model(kCall, true);
+  const ScriptedReplyModel model(kCall, true);
   test::ServerProcess server({"--num-kv-blocks", "64", "--tool-call-parser", "hermes"},
                              model.model());
   ASSERT_GT(server.port(), 0) << server.log();
@@ -270,8 +277,8 @@ TEST(ToolCalls, CallsInSpecialTokensAreRead) {
 // A thinking model's <think> block comes back as `reasoning` (and `reasoning_content`),
 // whole and streamed, its calls as tool_calls; include_reasoning false leaves it out.
 TEST(Reasoning, ThinkingComesBackApartFromTheAnswer) {
-  const ToolCallModel model("<think>\nI need the weather.\n</think>\n\n" + std::string(kCall),
-                            false, chat_template(true));
+  const ScriptedReplyModel model("<think>\nI need the weather.\n</think>\n\n" + std::string(kCall),
+                                 false, chat_template(true));
   test::ServerProcess server({"--num-kv-blocks", "64"}, model.model());
   ASSERT_GT(server.port(), 0) << server.log();
   EXPECT_NE(server.log().find("knows <think>"), std::string::npos) << server.log();
@@ -309,19 +316,14 @@ TEST(Reasoning, ThinkingComesBackApartFromTheAnswer) {
   json turn = calling(1);
   turn["messages"].push_back(
       {{"role", "assistant"}, {"content", "Sunny."}, {"reasoning", "Looked it up."}});
-  auto tokenized = client.Post("/tokenize", turn.dump(), "application/json");
-  ASSERT_TRUE(tokenized && tokenized->status == 200);
-  auto prompt =
-      client.Post("/detokenize", json({{"tokens", json::parse(tokenized->body)["tokens"]}}).dump(),
-                  "application/json");
-  ASSERT_TRUE(prompt && prompt->status == 200);
-  EXPECT_NE(prompt->body.find("<think>Looked it up.</think>Sunny."), std::string::npos)
-      << prompt->body;
+  const std::string prompt = rendered_prompt(client, turn);
+  EXPECT_NE(prompt.find("<think>Looked it up.</think>Sunny."), std::string::npos) << prompt;
 }
 
 // DeepSeek-R1's template opens <think> in the prompt: the reply starts in its reasoning.
 TEST(Reasoning, APromptThatOpensThinkStartsTheReplyInIt) {
-  const ToolCallModel model("Two and two.\n</think>\n\nFour.", false, chat_template(true, true));
+  const ScriptedReplyModel model("Two and two.\n</think>\n\nFour.", false,
+                                 chat_template(true, true));
   test::ServerProcess server({"--num-kv-blocks", "64"}, model.model());
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client client = server.client();
@@ -336,7 +338,7 @@ TEST(Reasoning, APromptThatOpensThinkStartsTheReplyInIt) {
 }
 
 TEST(ToolCalls, ParserNoneLeavesTheText) {
-  const ToolCallModel model;
+  const ScriptedReplyModel model;
   test::ServerProcess server({"--num-kv-blocks", "64", "--tool-call-parser", "none"},
                              model.model());
   ASSERT_GT(server.port(), 0) << server.log();

@@ -257,8 +257,8 @@ TEST(SseParserTest, EventsSurviveAnySplit) {
 }
 
 // A thinking model streams its reasoning first, and a tool call has no content: both are
-// output the first token's time counts, as vLLM's benchmark has it.
-TEST(SseParserTest, ChunksWithReasoningOrToolCallsCarryOutput) {
+// output the first token's time counts; the role-only first chunk is not.
+TEST(ChunkHasOutputTest, ReasoningAndToolCallsAreOutput) {
   auto has = [](const char* chunk) { return chunk_has_output(nlohmann::json::parse(chunk)); };
   EXPECT_TRUE(has(R"({"choices": [{"text": "a"}]})"));
   EXPECT_TRUE(has(R"({"choices": [{"delta": {"content": "a"}}]})"));

@@ -32,17 +32,17 @@ Split whole(const std::string& text, bool in_reasoning = false) {
 }
 
 TEST(ReasoningFormat, NamesAndTemplates) {
-  EXPECT_EQ(reasoning_format_named("qwen3"), ReasoningFormat::kThink);
+  EXPECT_EQ(reasoning_format_named("qwen3"), ReasoningFormat::kQwen3);
   EXPECT_EQ(reasoning_format_named("deepseek_r1"), ReasoningFormat::kDeepSeekR1);
   EXPECT_EQ(reasoning_format_named("none"), ReasoningFormat::kNone);
   EXPECT_EQ(reasoning_format_named("o1"), std::nullopt);
   EXPECT_EQ(reasoning_format_of_template("{{- '<|im_start|>assistant\\n<think>\\n' }}"),
-            ReasoningFormat::kThink);
+            ReasoningFormat::kQwen3);
   EXPECT_EQ(reasoning_format_of_template("{{ messages[0].content }}"), ReasoningFormat::kNone);
 }
 
 TEST(ReasoningFormat, APromptThatLeavesThinkOpenStartsTheReplyInIt) {
-  const auto think = ReasoningFormat::kThink;
+  const auto think = ReasoningFormat::kQwen3;
   EXPECT_TRUE(reply_starts_in_reasoning(think, "<|Assistant|><think>\n"));
   EXPECT_TRUE(reply_starts_in_reasoning(think, "<think>"));
   EXPECT_TRUE(reply_starts_in_reasoning(think, "<think>a</think>b<think>\nI started"));
