@@ -22,6 +22,9 @@ constexpr const char* kUsage =
     "and writes the rendered prompt as one JSON string per line. Other keys of the object\n"
     "(tools, documents, enable_thinking, ...) become template variables. A line that fails\n"
     "is reported on stderr and answered with null; the exit status is then 1.\n"
+    "The messages reach the template as given, as transformers' apply_chat_template has\n"
+    "them; the server's /tokenize shows what a chat request renders to (its tool call\n"
+    "arguments made objects, an assistant's reasoning as reasoning_content).\n"
     "\n"
     "  --model DIR           model folder; only tokenizer_config.json is read\n"
     "  --chat-template FILE  use this Jinja template instead of the model's own\n";
