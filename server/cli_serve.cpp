@@ -247,8 +247,9 @@ ServeOptions parse_options(const ArgReader& reader) {
   if (auto v = get("--tool-call-parser"); v && *v != "auto") {
     o.tool_call_format = server::tool_call_format_named(*v);
     if (!o.tool_call_format) {
-      throw UsageError("--tool-call-parser must be auto, hermes, llama3_json, mistral or none, " +
-                       std::string("not '") + *v + "'");
+      throw UsageError(
+          "--tool-call-parser must be auto, hermes, llama3_json, mistral or none, not '" + *v +
+          "'");
     }
   }
   if (auto v = get("--reasoning-parser"); v && *v != "auto") {

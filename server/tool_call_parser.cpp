@@ -19,7 +19,7 @@ constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 
 // Where the JSON array or object that opens at `begin` ends (one past its closing
-// bracket), outside strings; npos when it does not close or nests past kMaxDepth.
+// bracket), outside strings; npos when it does not close or nests past kMaxJsonDepth.
 size_t json_value_end(std::string_view text, size_t begin) {
   size_t end = std::string_view::npos;
   scan_json_brackets(text, begin, [&](size_t at, int depth) {
@@ -27,6 +27,11 @@ size_t json_value_end(std::string_view text, size_t begin) {
     return depth > 0 && depth <= kMaxJsonDepth;  // deeper, the call stays text
   });
   return end;
+}
+
+// Arguments as the reply gives them: compact JSON text.
+std::string json_text(const ordered_json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::optional<ParsedToolCall> call_of(const ordered_json& value) {
@@ -46,7 +51,7 @@ std::optional<ParsedToolCall> call_of(const ordered_json& value) {
                  .is_object()) {
     call.arguments = arguments->get<std::string>();  // already JSON text, as OpenAI sends it
   } else {
-    call.arguments = arguments->dump(-1, ' ', false, json::error_handler_t::replace);
+    call.arguments = json_text(*arguments);
   }
   return call;
 }
@@ -112,8 +117,7 @@ std::optional<std::vector<ParsedToolCall>> named_calls_in(std::string_view body)
     }
     const ordered_json value = ordered_json::parse(arguments, nullptr, false);
     if (value.is_discarded()) return std::nullopt;
-    calls.push_back(
-        {std::string(name), value.dump(-1, ' ', false, json::error_handler_t::replace)});
+    calls.push_back({std::string(name), json_text(value)});
   }
   return calls;
 }
